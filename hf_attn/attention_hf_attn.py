@@ -1,0 +1,306 @@
+"""The three head kinds: global, local and positional attention, each as one function with its own fast path.
+
+Legend: B batch, H heads of one kind, T queries, S keys (S >= T: the last T keys are the queries' own positions),
+D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T.
+
+Who sees whom is a `Visibility`: a predicate on (query index, key index) built from small overlays. The reference
+masks (padded batches, cached decoding, the masked baseline) are built from it; the fast kernels never build a
+T x T mask. A row with no visible key (position 0 under a strict causal mask, or a query whose window holds only
+padding) outputs zeros, never NaN.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# Above this many scores per query the blocked kernel beats one pass per offset (measured on CPU, batch 4,
+# 12 heads, head dim 64: offsets win up to k = 3 strict, chunks from k = 4 on).
+MAX_OFFSETS_FOR_SHIFT_KERNEL = 4
+# Queries per chunk in the blocked kernel: large enough for efficient matmuls, small enough to skip most of T x T.
+MIN_CHUNK = 32
+
+
+# --- visibility predicates -------------------------------------------------------------------------------------
+
+
+def causal_overlay(attend_to_self: bool) -> Predicate:
+    """Keys at or before the query (inclusive) or strictly before it (strict)."""
+    if attend_to_self:
+        return lambda q_idx, kv_idx: kv_idx <= q_idx
+    return lambda q_idx, kv_idx: kv_idx < q_idx
+
+
+def not_self_overlay() -> Predicate:
+    return lambda q_idx, kv_idx: kv_idx != q_idx
+
+
+def window_overlay(local_window: int) -> Predicate:
+    """Keys at most `local_window` positions away from the query, on either side."""
+    return lambda q_idx, kv_idx: (q_idx - kv_idx).abs() <= local_window
+
+
+def and_masks(*predicates: Predicate) -> Predicate:
+    def combined(q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        visible = torch.ones(torch.broadcast_shapes(q_idx.shape, kv_idx.shape), dtype=torch.bool, device=q_idx.device)
+        for predicate in predicates:
+            visible = visible & predicate(q_idx, kv_idx)
+        return visible
+
+    return combined
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which keys a head kind sees. `local_window=None` means global.
+
+    Causal, k = 2 (■ visible, ⬚ hidden), rows are queries 0..4, columns keys 0..4:
+
+        global strict   global inclusive   2-local strict   2-local inclusive
+        ⬚ ⬚ ⬚ ⬚ ⬚       ■ ⬚ ⬚ ⬚ ⬚          ⬚ ⬚ ⬚ ⬚ ⬚        ■ ⬚ ⬚ ⬚ ⬚
+        ■ ⬚ ⬚ ⬚ ⬚       ■ ■ ⬚ ⬚ ⬚          ■ ⬚ ⬚ ⬚ ⬚        ■ ■ ⬚ ⬚ ⬚
+        ■ ■ ⬚ ⬚ ⬚       ■ ■ ■ ⬚ ⬚          ■ ■ ⬚ ⬚ ⬚        ■ ■ ■ ⬚ ⬚
+        ■ ■ ■ ⬚ ⬚       ■ ■ ■ ■ ⬚          ⬚ ■ ■ ⬚ ⬚        ⬚ ■ ■ ■ ⬚
+        ■ ■ ■ ■ ⬚       ■ ■ ■ ■ ■          ⬚ ⬚ ■ ■ ⬚        ⬚ ⬚ ■ ■ ■
+
+    The empty first row of a strict mask outputs zeros. 1-local strict sees only the previous token. Without
+    `is_causal` the pattern is mirrored to the right of the diagonal.
+    """
+
+    is_causal: bool
+    attend_to_self: bool
+    local_window: int | None = None
+
+    @property
+    def predicate(self) -> Predicate:
+        overlays = []
+        if self.is_causal:
+            overlays.append(causal_overlay(self.attend_to_self))
+        elif not self.attend_to_self:
+            overlays.append(not_self_overlay())
+        if self.local_window is not None:
+            overlays.append(window_overlay(self.local_window))
+        return and_masks(*overlays)
+
+    def offsets(self) -> list[int]:
+        """Local heads: the visible `query - key` distances, nearest first."""
+        k = self.local_window
+        candidates = range(0, k + 1) if self.is_causal else range(-k, k + 1)
+        nearest_first = sorted(candidates, key=lambda offset: (abs(offset), offset))
+        return [offset for offset in nearest_first if offset != 0 or self.attend_to_self]
+
+
+def visibility_mask(
+    visibility: Visibility, num_queries: int, key_mask: torch.Tensor | None, num_keys: int, device: torch.device
+) -> torch.Tensor:
+    """Reference (B or 1, 1, T, S) boolean mask: the predicate plus key padding."""
+    kv_idx = torch.arange(num_keys, device=device)
+    q_idx = kv_idx[num_keys - num_queries :, None]
+    mask = visibility.predicate(q_idx, kv_idx[None, :])[None, None]  # (1, 1, T, S)
+    if key_mask is not None:
+        mask = mask & key_mask[:, None, None, :].bool()  # (B, 1, T, S)
+    return mask
+
+
+# --- shared pieces ---------------------------------------------------------------------------------------------
+
+
+def masked_sdpa(q, k, v, mask: torch.Tensor, scale: float, dropout: float) -> torch.Tensor:
+    """SDPA with a boolean mask; rows with no visible key give zeros on every backend (no NaN, no gradient)."""
+    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1|H, T, 1)
+    # Unmask empty rows so no backend sees a fully masked row, then zero their output.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout, scale=scale)
+    return out * has_key.to(out.dtype)
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of `scores` where `mask`; all-hidden rows give all-zero weights."""
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # finite fill: no NaN in empty rows
+    return scores.softmax(dim=-1) * mask.to(scores.dtype)
+
+
+def masked_weights(q, k, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Explicit (B, H, T, S) weights, for `output_attentions` and cached decoding of short rows."""
+    return masked_softmax(torch.matmul(q, k.transpose(-1, -2)).float() * scale, mask).to(q.dtype)
+
+
+# --- global heads ----------------------------------------------------------------------------------------------
+
+
+def global_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """(B, H, T, D) content attention over every visible key, through SDPA.
+
+    Without padding or cache the mask is implicit: inclusive causal is SDPA's `is_causal`, and strict causal is
+    the same on sequences shifted by one (query n sees keys 0..n-1), with a zero row prepended for position 0.
+    """
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    if key_mask is None and num_queries == num_keys and visibility.is_causal:
+        if visibility.attend_to_self:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scale)
+        shifted = F.scaled_dot_product_attention(
+            q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], is_causal=True, dropout_p=dropout, scale=scale
+        )
+        return torch.cat([torch.zeros_like(q[:, :, :1]), shifted], dim=2)
+    if key_mask is None and num_queries == num_keys and visibility.attend_to_self:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
+    mask = visibility_mask(visibility, num_queries, key_mask, num_keys, q.device)
+    return masked_sdpa(q, k, v, mask, scale, dropout)
+
+
+# --- local heads -----------------------------------------------------------------------------------------------
+
+
+def local_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """(B, H, T, D) content attention over the k nearest keys, in O(T * k): picks the faster banded kernel."""
+    if len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL or q.shape[-2] != k.shape[-2]:
+        return local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)[0]
+    return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
+
+
+def local_attention_by_offsets(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """One pass per visible offset: the score of query i with key i - offset, softmax over the offsets.
+
+    Returns the output, the (B, H, T, num_offsets) weights and the offsets they belong to.
+    """
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    query_start = num_keys - num_queries  # key index of query 0
+    offsets = visibility.offsets()
+    pad_left = max(0, max(offsets) - query_start)
+    pad_right = max(0, -min(offsets))
+    k_padded = F.pad(k, (0, 0, pad_left, pad_right))  # (B, H, pad_left + S + pad_right, D)
+    v_padded = F.pad(v, (0, 0, pad_left, pad_right))
+    if key_mask is None:
+        key_mask = torch.ones(1, num_keys, dtype=torch.bool, device=q.device)
+    key_mask_padded = F.pad(key_mask.bool(), (pad_left, pad_right))  # (B|1, padded S); padding is invalid
+    starts = [query_start - offset + pad_left for offset in offsets]
+
+    scores = torch.stack([(q * k_padded[:, :, s : s + num_queries]).sum(-1) for s in starts], dim=-1)
+    visible = torch.stack([key_mask_padded[:, s : s + num_queries] for s in starts], dim=-1)  # (B|1, T, n)
+    weights = masked_softmax(scores.float() * scale, visible[:, None]).to(q.dtype)  # (B, H, T, n)
+    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    out = sum(dropped[..., j, None] * v_padded[:, :, s : s + num_queries] for j, s in enumerate(starts))
+    return out, weights, offsets
+
+
+def local_attention_by_chunks(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """Chunks of C queries attend, through SDPA, to their own chunk plus the k keys on either side.
+
+    Costs C + 2k scores per query instead of T. Needs S == T (no cache: decoding uses the offsets kernel).
+    """
+    batch, heads, length, dim = q.shape
+    window = visibility.local_window
+    left, right = window, (0 if visibility.is_causal else window)
+    chunk = max(MIN_CHUNK, window)
+    num_chunks = math.ceil(length / chunk)
+    span = chunk + left + right  # keys seen by one chunk
+    tail = num_chunks * chunk - length
+
+    def windows(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) -> (B, H * nC, span, D)
+        x = F.pad(x, (0, 0, left, right + tail)).unfold(2, span, chunk)  # (B, H, nC, D, span)
+        return x.transpose(-1, -2).reshape(batch, heads * num_chunks, span, dim)
+
+    q_chunks = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * num_chunks, chunk, dim)
+    # Band inside a chunk, relative indices: query i is key column i + left.
+    band = visibility.predicate(torch.arange(chunk)[:, None] + left, torch.arange(span)[None, :]).to(q.device)
+    key_index = torch.arange(num_chunks)[:, None] * chunk - left + torch.arange(span)[None, :]  # (nC, span)
+    in_range = ((key_index >= 0) & (key_index < length)).to(q.device)
+    if key_mask is None:
+        key_valid = in_range[None]  # (1, nC, span)
+    else:
+        key_valid = F.pad(key_mask.bool(), (left, right + tail)).unfold(1, span, chunk) & in_range  # (B, nC, span)
+    mask = band[None, None] & key_valid[:, :, None, :]  # (B|1, nC, C, span)
+    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(mask.shape[0], heads * num_chunks, chunk, span)
+    out = masked_sdpa(q_chunks, windows(k), windows(v), mask, scale, dropout)
+    return out.reshape(batch, heads, num_chunks * chunk, dim)[:, :, :length]
+
+
+def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys: int) -> torch.Tensor:
+    """Scatters (B, H, T, n) banded weights into the (B, H, T, S) matrix `output_attentions` returns."""
+    num_queries = weights.shape[-2]
+    matrix = weights.new_zeros(*weights.shape[:-1], num_keys)
+    q_key_index = torch.arange(num_queries, device=weights.device) + num_keys - num_queries
+    for j, offset in enumerate(offsets):
+        key_index = q_key_index - offset
+        inside = (key_index >= 0) & (key_index < num_keys)
+        matrix[..., inside, key_index[inside]] = weights[..., inside, j]
+    return matrix
+
+
+def local_attention_masked(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """The baseline transformers' sliding-window models take: SDPA over a full T x T band mask."""
+    mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)
+    return masked_sdpa(q, k, v, mask, scale, dropout)
+
+
+# --- positional heads ------------------------------------------------------------------------------------------
+
+
+def positional_weights(
+    pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Paper A: softmax((P Wq)(P Wk)^T / sqrt(d)). `pq` (1|B, H, T, d), `pk` (1|B, H, S, d).
+
+    Depends on positions only, so without padding it is one (1, H, T, S) tensor for the whole batch.
+    """
+    return masked_softmax(torch.matmul(pq, pk.transpose(-1, -2)).float() * scale, mask)
+
+
+def positional_attention(weights: torch.Tensor, v: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+    """(B, H, T, D): input-independent weights applied to the data's values (broadcast over the batch)."""
+    weights = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+# --- position encodings ----------------------------------------------------------------------------------------
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """(num_positions, dim) fixed sinusoids of Vaswani et al., sin in even and cos in odd columns."""
+    position = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
+
+
+def binary_table(num_positions: int, dim: int) -> torch.Tensor:
+    """(num_positions, dim) bits of each index as +-1, least significant first (Paper A's later code)."""
+    bits = (torch.arange(num_positions)[:, None] >> torch.arange(dim)[None, :]) & 1
+    return bits.float() * 2 - 1
+
+
+def onehot_table(num_positions: int, dim: int) -> torch.Tensor:
+    """The identity: Paper A's `eye(n + 1)`."""
+    return torch.eye(num_positions, dim)
+
+
+FIXED_ENCODINGS = {"sinusoidal": sinusoidal_table, "binary": binary_table, "onehot": onehot_table}
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B|1, 1, T, dim) cos and sin for rotary embeddings at `position_ids` (B|1, T)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=position_ids.device) / dim)
+    angles = position_ids[..., None].float() * inv_freq  # (B|1, T, dim / 2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B|1, 1, T, dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)

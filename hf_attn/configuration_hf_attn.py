@@ -1,0 +1,254 @@
+"""Configurations of the three hf_attn model types: presets over one per-layer, per-head layout of head kinds.
+
+Every attention head is `global`, `local` or `positional` (see `attention_hf_attn.py`). The three model types
+differ only in `model_type` and in the layout they build when `head_layout` is not given.
+"""
+
+import math
+
+from transformers import GPT2Config
+
+HEAD_KINDS = ("global", "local", "positional")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
+POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
+BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
+LOCAL_ATTENTION_IMPLS = ("banded", "masked")
+
+
+def _choice_error(field: str, value, allowed) -> ValueError:
+    return ValueError(f"`{field}` must be one of {list(allowed)}, got {value!r}.")
+
+
+class HfAttnConfig(GPT2Config):
+    r"""
+    head_layout (`list[list[str]]`, *optional*):
+        Kind of every head, one list per layer: `"global"` (content attention over all visible positions),
+        `"local"` (content attention over the `local_window` previous positions) or `"positional"` (weights from
+        the fixed positional encoding only, Paper A). Built from the model type's preset when not given.
+    local_window (`int`, *optional*, defaults to 1):
+        k, the number of positions BEFORE the query that a local head sees (Paper B's k-local). Whether the query
+        also sees itself is `attend_to_self`, so an inclusive 1-local head sees 2 positions. This is not
+        transformers' `sliding_window`, which counts the current token.
+    attend_to_self (`bool`, *optional*):
+        Inclusive masks (GPT-2's: a token sees itself) when True, strict masks (Paper B: it never does) when False.
+        Defaults to the preset's: strict for `local_gpt2` and `hybrid_gpt2`, inclusive for `positional_gpt2`.
+        Under a strict causal mask position 0 sees nothing and its attention output is zero.
+    is_causal (`bool`, *optional*, defaults to `True`):
+        Causal (decoder) attention when True. When False every head sees both sides (Paper A's algorithmic
+        tasks); a local head then sees the `local_window` positions on each side.
+    position_embedding_type (`str`, *optional*, defaults to `"learned"`):
+        Position information added to the residual stream: `"learned"` (GPT-2's `wpe`), `"sinusoidal"`
+        (fixed, Vaswani et al.), `"rope"` (rotary, applied to queries and keys of global and local heads) or
+        `"none"`.
+    positional_encoding (`str`, *optional*, defaults to `"onehot"`):
+        The encoding P that positional heads compute their weights from, shared by all layers (Paper A):
+        `"onehot"` (identity, d_P = n_positions, the paper's), `"binary"` (+-1 bits of the index),
+        `"sinusoidal"` or `"learned"`.
+    positional_encoding_dim (`int`, *optional*):
+        d_P for the `"sinusoidal"` and `"learned"` encodings (defaults to `n_embd`); fixed by the encoding for
+        `"onehot"` (n_positions) and `"binary"` (ceil(log2(n_positions))).
+    positional_qk_dim (`int`, *optional*):
+        Width of a positional head's queries and keys. Defaults to d_P as in Paper A's code; with one-hot P and
+        a long context that is d_P^2 parameters per head, so set it lower for long sequences.
+    block_style (`str`, *optional*, defaults to `"gpt2"`):
+        `"gpt2"` (pre-LN residual), `"post_ln"` (Paper B: `LN(x + attn(x))`, `LN(x + mlp(x))`) or `"concat_mlp"`
+        (Paper A: `MLP(concat(x, attn(x)))`, no residual, no LayerNorm).
+    rope_theta (`float`, *optional*, defaults to 10000.0):
+        Base of the rotary frequencies when `position_embedding_type="rope"`.
+    numeric_inputs (`bool`, *optional*, defaults to `False`):
+        Adds `wne`, a `Linear(1, n_embd)` that embeds `numeric_values` as `value * w + b` (Paper A).
+    numeric_token_id (`int`, *optional*):
+        Token id that marks the positions whose embedding comes from `numeric_values` when no `numeric_mask`
+        is passed.
+    local_attention_impl (`str`, *optional*, defaults to `"banded"`):
+        `"banded"` forms only the k (or k+1) scores per query; `"masked"` runs SDPA with a full T x T band mask,
+        what transformers' sliding-window models do (a baseline for benchmarks, not for use).
+
+    Example:
+
+    ```python
+    >>> from transformers import AutoConfig
+    >>> import hf_attn
+    >>> config = AutoConfig.for_model("hybrid_gpt2", n_layer=2, n_head=4, n_embd=64, local_window=1)
+    >>> config.head_layout
+    [['global', 'global', 'local', 'local'], ['global', 'global', 'local', 'local']]
+    ```"""
+
+    model_type = "hf_attn"
+
+    head_layout: list[list[str]] | None = None
+    local_window: int = 1
+    attend_to_self: bool | None = None
+    is_causal: bool = True
+    position_embedding_type: str = "learned"
+    positional_encoding: str = "onehot"
+    positional_encoding_dim: int | None = None
+    positional_qk_dim: int | None = None
+    block_style: str = "gpt2"
+    rope_theta: float = 10000.0
+    numeric_inputs: bool = False
+    numeric_token_id: int | None = None
+    local_attention_impl: str = "banded"
+
+    default_attend_to_self = False
+
+    def __post_init__(self, **kwargs):
+        if self.attend_to_self is None:
+            self.attend_to_self = self.default_attend_to_self
+        self._check_shape()
+        if self.head_layout is None:
+            self.head_layout = [self.preset_layer_layout() for _ in range(self.n_layer)]
+        if self.positional_encoding_dim is None:
+            self.positional_encoding_dim = self.natural_positional_encoding_dim()
+        if self.positional_qk_dim is None:
+            self.positional_qk_dim = self.positional_encoding_dim
+        super().__post_init__(**kwargs)
+        self.validate()
+
+    def _check_shape(self):
+        """Checks needed before a preset layout can be built (the rest is in `validate_*`)."""
+        for field in ("n_layer", "n_head", "n_embd", "n_positions"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"`n_embd` ({self.n_embd}) must be divisible by `n_head` ({self.n_head}).")
+
+    def preset_layer_layout(self) -> list[str]:
+        """The head kinds of one layer when `head_layout` is not given."""
+        return ["global"] * self.n_head
+
+    def natural_positional_encoding_dim(self) -> int:
+        """d_P: fixed by one-hot and binary encodings, `n_embd` by default for the others."""
+        if self.positional_encoding == "onehot":
+            return self.n_positions
+        if self.positional_encoding == "binary":
+            return max(1, math.ceil(math.log2(self.n_positions)))
+        return self.n_embd
+
+    def validate(self):
+        """Raises `ValueError` naming the field for any invalid value of our fields."""
+        self.validate_head_layout()
+        self.validate_local_window()
+        self.validate_choices()
+        self.validate_positional_dims()
+        self.validate_position_embedding()
+        self.validate_numeric_inputs()
+
+    @property
+    def uses_positional_heads(self) -> bool:
+        return any("positional" in layer for layer in self.head_layout)
+
+    @property
+    def uses_content_heads(self) -> bool:
+        return any(kind != "positional" for layer in self.head_layout for kind in layer)
+
+    def validate_head_layout(self):
+        if not isinstance(self.head_layout, list) or len(self.head_layout) != self.n_layer:
+            raise ValueError(
+                f"`head_layout` must be a list of `n_layer`={self.n_layer} lists of head kinds, got {self.head_layout!r}."
+            )
+        for layer_idx, layer in enumerate(self.head_layout):
+            if len(layer) != self.n_head:
+                raise ValueError(
+                    f"`head_layout[{layer_idx}]` must list `n_head`={self.n_head} head kinds, got {len(layer)}."
+                )
+            for kind in layer:
+                if kind not in HEAD_KINDS:
+                    raise _choice_error(f"head_layout[{layer_idx}]", kind, HEAD_KINDS)
+
+    def validate_local_window(self):
+        if not isinstance(self.local_window, int) or isinstance(self.local_window, bool) or self.local_window < 1:
+            raise ValueError(
+                f"`local_window` must be an integer >= 1 (the number of previous positions a local head sees), "
+                f"got {self.local_window!r}."
+            )
+
+    def validate_choices(self):
+        for field, allowed in (
+            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+            ("positional_encoding", POSITIONAL_ENCODINGS),
+            ("block_style", BLOCK_STYLES),
+            ("local_attention_impl", LOCAL_ATTENTION_IMPLS),
+        ):
+            if getattr(self, field) not in allowed:
+                raise _choice_error(field, getattr(self, field), allowed)
+
+    def validate_positional_dims(self):
+        natural = self.natural_positional_encoding_dim()
+        if self.positional_encoding in ("onehot", "binary") and self.positional_encoding_dim != natural:
+            raise ValueError(
+                f"`positional_encoding_dim` is fixed to {natural} by `positional_encoding`="
+                f"{self.positional_encoding!r}, got {self.positional_encoding_dim}."
+            )
+        for field in ("positional_encoding_dim", "positional_qk_dim"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
+        if self.positional_encoding == "sinusoidal" and self.positional_encoding_dim % 2:
+            raise ValueError(f"`positional_encoding_dim` must be even for sinusoidal P, got {self.positional_encoding_dim}.")
+
+    def validate_position_embedding(self):
+        head_dim = self.n_embd // self.n_head
+        if self.position_embedding_type == "rope" and head_dim % 2:
+            raise ValueError(f"`position_embedding_type`='rope' needs an even head dim (n_embd / n_head), got {head_dim}.")
+        if self.position_embedding_type == "sinusoidal" and self.n_embd % 2:
+            raise ValueError(f"`position_embedding_type`='sinusoidal' needs an even `n_embd`, got {self.n_embd}.")
+        if self.rope_theta <= 0:
+            raise ValueError(f"`rope_theta` must be > 0, got {self.rope_theta}.")
+
+    def validate_numeric_inputs(self):
+        if self.numeric_token_id is not None and not self.numeric_inputs:
+            raise ValueError("`numeric_token_id` is set but `numeric_inputs` is False; set `numeric_inputs=True`.")
+        if self.numeric_token_id is not None and not 0 <= self.numeric_token_id < self.vocab_size:
+            raise ValueError(
+                f"`numeric_token_id` must be in [0, vocab_size={self.vocab_size}), got {self.numeric_token_id}."
+            )
+
+
+class PositionalGPT2Config(HfAttnConfig):
+    r"""Every head positional (Paper A). Inclusive masks by default, as in the paper's bidirectional attention.
+
+    Example:
+
+    ```python
+    >>> config = PositionalGPT2Config(n_positions=9, is_causal=False, n_layer=4, n_head=2, n_embd=64)
+    ```"""
+
+    model_type = "positional_gpt2"
+    default_attend_to_self = True
+
+    def preset_layer_layout(self) -> list[str]:
+        return ["positional"] * self.n_head
+
+
+class LocalGPT2Config(HfAttnConfig):
+    r"""Every head strictly k-local (Paper B): a token sees only its `local_window` predecessors."""
+
+    model_type = "local_gpt2"
+
+    def preset_layer_layout(self) -> list[str]:
+        return ["local"] * self.n_head
+
+
+class HybridGPT2Config(HfAttnConfig):
+    r"""
+    num_local_heads (`int`, *optional*):
+        Local heads per layer in the preset layout (global heads first, then local ones). Defaults to half of
+        `n_head`, rounded down (Paper B's half-and-half split is inferred, not stated).
+    """
+
+    model_type = "hybrid_gpt2"
+
+    num_local_heads: int | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_local_heads is None:
+            self.num_local_heads = self.n_head // 2
+        if not 0 <= self.num_local_heads <= self.n_head:
+            raise ValueError(f"`num_local_heads` must be in [0, n_head={self.n_head}], got {self.num_local_heads}.")
+        super().__post_init__(**kwargs)
+
+    def preset_layer_layout(self) -> list[str]:
+        return ["global"] * (self.n_head - self.num_local_heads) + ["local"] * self.num_local_heads
+
+
+__all__ = ["HfAttnConfig", "PositionalGPT2Config", "LocalGPT2Config", "HybridGPT2Config"]

@@ -1,0 +1,688 @@
+"""GPT-2-style models whose heads are global, local or positional (see `attention_hf_attn.py`).
+
+GPT-2's skeleton and parameter names (`wte`, `wpe`, `h`, `ln_f`, `attn.c_attn`, `attn.c_proj`, `mlp`), so a GPT-2
+state dict loads into a global-only layout. What differs: the attention layer groups heads by kind, the block
+style (pre-LN, post-LN, concat-then-MLP), the residual position encoding, numeric inputs and the cache.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
+)
+from transformers.pytorch_utils import Conv1D
+from transformers.utils import can_return_tuple, logging
+
+from .attention_hf_attn import (
+    FIXED_ENCODINGS,
+    Visibility,
+    apply_rotary,
+    global_attention,
+    local_attention,
+    local_attention_by_offsets,
+    local_attention_masked,
+    local_weights_as_matrix,
+    masked_weights,
+    positional_attention,
+    positional_weights,
+    rotary_cos_sin,
+    sinusoidal_table,
+    visibility_mask,
+)
+from .cache_hf_attn import HeadKindCache, HeadKindCacheLayer
+from .configuration_hf_attn import (
+    HEAD_KINDS,
+    HfAttnConfig,
+    HybridGPT2Config,
+    LocalGPT2Config,
+    PositionalGPT2Config,
+)
+
+logger = logging.get_logger(__name__)
+
+
+# --- inputs shared by every layer of one forward ---------------------------------------------------------------
+
+
+@dataclass
+class AttentionInputs:
+    """Computed once per forward by the trunk, read by every layer.
+
+    `key_mask` (B, S) is None when nothing is padded; positions are (B|1, ...) so that without padding the
+    positional heads' weights are one tensor for the whole batch.
+    """
+
+    key_mask: torch.Tensor | None
+    positional_rows: torch.Tensor | None  # (B|1, S, d_P): P at every key position
+    rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
+
+
+class FixedTable(nn.Module):
+    """A fixed encoding table looked up by position (sinusoidal residual positions, fixed P).
+
+    Non-persistent: nothing to save, and `_init_weights` refills it after `from_pretrained` builds on meta.
+    """
+
+    def __init__(self, kind: str, num_positions: int, dim: int):
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("table", self.build(num_positions, dim), persistent=False)
+
+    def build(self, num_positions: int, dim: int) -> torch.Tensor:
+        return FIXED_ENCODINGS[self.kind](num_positions, dim)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+
+# --- attention layer -------------------------------------------------------------------------------------------
+
+
+def _index_or_slice(indices: list[int]) -> slice | torch.Tensor:
+    """A slice (a view, free) when the heads of a kind are contiguous, else an index tensor."""
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return slice(indices[0], indices[0] + len(indices))
+    return torch.tensor(indices)
+
+
+def _take_heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
+    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads.to(x.device))
+
+
+class HfAttnAttention(nn.Module):
+    """Multi-head attention whose heads follow `config.head_layout[layer_idx]`.
+
+    `c_attn` projects to [queries of content heads | keys of content heads | values of all heads], heads in
+    layout order (a global-only layout is GPT-2's `c_attn`). Positional heads take queries and keys from P
+    through `p_attn` instead (Paper A), and values from the data like every head.
+    """
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        layout = config.head_layout[layer_idx]
+        self.layer_idx = layer_idx
+        self.head_dim = config.n_embd // config.n_head
+        content_heads = [h for h, kind in enumerate(layout) if kind != "positional"]
+        self.num_content_heads = len(content_heads)
+        self.kinds = [kind for kind in HEAD_KINDS if kind in layout]
+        # Per kind: where its heads sit among the values (all heads) and among queries/keys (content heads).
+        self.value_heads = {kind: _index_or_slice([h for h, k in enumerate(layout) if k == kind]) for kind in self.kinds}
+        self.content_heads = {
+            kind: _index_or_slice([i for i, h in enumerate(content_heads) if layout[h] == kind])
+            for kind in self.kinds
+            if kind != "positional"
+        }
+        kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind]
+        self.restore_order = None if kind_order == sorted(kind_order) else torch.tensor(kind_order).argsort()
+
+        self.c_attn = Conv1D((2 * self.num_content_heads + config.n_head) * self.head_dim, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        self.num_positional_heads = layout.count("positional")
+        if self.num_positional_heads:
+            self.positional_qk_dim = config.positional_qk_dim
+            self.p_attn = Conv1D(2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim)
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+        self.scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scale /= float(layer_idx + 1)
+        self.visibility = {
+            kind: Visibility(config.is_causal, config.attend_to_self, config.local_window if kind == "local" else None)
+            for kind in self.kinds
+        }
+        self.local_impl = local_attention_masked if config.local_attention_impl == "masked" else local_attention
+
+    def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, length, _ = hidden_states.shape
+        content_width = self.num_content_heads * self.head_dim
+        q, k, v = self.c_attn(hidden_states).split([content_width, content_width, hidden_states.shape[-1]], dim=-1)
+        q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H_content, T, D)
+        k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        return q, k, v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        inputs: AttentionInputs,
+        cache_layer: HeadKindCacheLayer | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        q, k, v = self.split_heads(hidden_states, inputs.rotary)
+        dropout = self.attn_dropout.p if self.training else 0.0
+        outputs, weights = [], []
+        for kind in self.kinds:
+            values = _take_heads(v, self.value_heads[kind])
+            if kind == "positional":
+                out, w = self.positional_heads(values, length, inputs, cache_layer, dropout)
+            else:
+                queries = _take_heads(q, self.content_heads[kind])
+                keys = _take_heads(k, self.content_heads[kind])
+                out, w = self.content_heads_forward(kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions)
+            outputs.append(out)
+            weights.append(w)
+        if cache_layer is not None:
+            cache_layer.seen_tokens += length
+
+        out = self.in_layout_order(torch.cat(outputs, dim=1))  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        out = self.resid_dropout(self.c_proj(out))
+        if not output_attentions:
+            return out, None
+        num_keys = max(w.shape[-1] for w in weights)
+        weights = [nn.functional.pad(w, (num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
+        return out, self.in_layout_order(torch.cat(weights, dim=1))
+
+    def in_layout_order(self, x: torch.Tensor) -> torch.Tensor:
+        """Heads come out grouped by kind; put them back in layout order."""
+        return x if self.restore_order is None else x.index_select(1, self.restore_order.to(x.device))
+
+    def content_heads_forward(self, kind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+        if cache_layer is not None:
+            update = cache_layer.update_global if kind == "global" else cache_layer.update_local
+            k, v = update(k, v)
+        key_mask = None if inputs.key_mask is None else inputs.key_mask[:, -k.shape[-2] :]
+        visibility = self.visibility[kind]
+        if output_attentions and kind == "local":
+            out, w, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, self.scale, dropout)
+            return out, local_weights_as_matrix(w, offsets, k.shape[-2])
+        if output_attentions:
+            w = masked_weights(q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale)
+            return torch.matmul(w, v), w
+        attend = global_attention if kind == "global" else self.local_impl
+        return attend(q, k, v, visibility, key_mask, self.scale, dropout), None
+
+    def positional_heads(self, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float):
+        """Weights from P alone: one (1, H_pos, T, S) tensor for the whole batch unless padding shifts positions."""
+        if cache_layer is not None:
+            v = cache_layer.update_positional(v)
+        num_keys = v.shape[-2]
+        rows = inputs.positional_rows  # (B|1, S, d_P)
+        projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
+        pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
+        pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
+        mask = visibility_mask(self.visibility["positional"], length, inputs.key_mask, num_keys, v.device)
+        weights = positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5).to(v.dtype)
+        return positional_attention(weights, v, dropout), weights
+
+
+# --- blocks ----------------------------------------------------------------------------------------------------
+
+
+class HfAttnMLP(nn.Module):
+    """GPT-2's MLP; `input_dim` is 2 * n_embd in Paper A's concat-then-MLP block."""
+
+    def __init__(self, config: HfAttnConfig, input_dim: int):
+        super().__init__()
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.c_fc = Conv1D(inner_dim, input_dim)
+        self.c_proj = Conv1D(config.n_embd, inner_dim)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+
+class PreLNBlock(GradientCheckpointingLayer):
+    """GPT-2: `x + attn(LN(x))`, then `x + mlp(LN(x))`."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = HfAttnAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = HfAttnMLP(config, config.n_embd)
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(self.ln_1(hidden_states), inputs, cache_layer, output_attentions)
+        hidden_states = hidden_states + attn_output
+        return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
+
+
+class PostLNBlock(PreLNBlock):
+    """Paper B: `LN(x + attn(x))`, then `LN(x + mlp(x))`."""
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        hidden_states = self.ln_1(hidden_states + attn_output)
+        return self.ln_2(hidden_states + self.mlp(hidden_states)), weights
+
+
+class ConcatMLPBlock(GradientCheckpointingLayer):
+    """Paper A: `MLP(concat(x, attn(x)))`, no residual and no LayerNorm."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        self.attn = HfAttnAttention(config, layer_idx)
+        self.mlp = HfAttnMLP(config, 2 * config.n_embd)
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        return self.mlp(torch.cat([hidden_states, attn_output], dim=-1)), weights
+
+
+BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock}
+
+
+# --- trunk -----------------------------------------------------------------------------------------------------
+
+
+class HfAttnPreTrainedModel(PreTrainedModel):
+    config: HfAttnConfig
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["PreLNBlock", "PostLNBlock", "ConcatMLPBlock"]
+    _supports_sdpa = True  # our kernels are SDPA-based whatever `attn_implementation` says
+    _supports_attention_backend = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """`generate` must not make a DynamicCache: the model makes its own `HeadKindCache`."""
+        return False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, Conv1D):
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.bias)
+        if isinstance(module, FixedTable):
+            init.copy_(module.table, module.build(*module.table.shape))
+        # GPT-2's scaled init of the projections that write into the residual stream.
+        if isinstance(module, (HfAttnAttention, HfAttnMLP)):
+            init.normal_(module.c_proj.weight, mean=0.0, std=std / (2 * self.config.n_layer) ** 0.5)
+
+
+class HfAttnModel(HfAttnPreTrainedModel):
+    """The trunk: embeddings, blocks, final LayerNorm (GPT-2 style only; post-LN blocks end normalised)."""
+
+    def __init__(self, config: HfAttnConfig):
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        if config.position_embedding_type == "learned":
+            self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        elif config.position_embedding_type == "sinusoidal":
+            self.wpe = FixedTable("sinusoidal", config.n_positions, config.n_embd)
+        if config.numeric_inputs:
+            self.wne = nn.Linear(1, config.n_embd)  # Paper A: a number enters as value * w + b
+        if config.uses_positional_heads:  # P, shared by every layer (Paper A)
+            if config.positional_encoding == "learned":
+                self.wpp = nn.Embedding(config.n_positions, config.positional_encoding_dim)
+            else:
+                self.wpp = FixedTable(config.positional_encoding, config.n_positions, config.positional_encoding_dim)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([BLOCKS[config.block_style](config, i) for i in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.block_style == "gpt2" else nn.Identity()
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        self.wte = new_embeddings
+
+    def embed_inputs(self, input_ids, numeric_values, numeric_mask) -> torch.Tensor:
+        """Token embeddings, with `wne(value)` at the numeric positions (all positions if there are no ids)."""
+        embeds = None if input_ids is None else self.wte(input_ids)
+        if numeric_values is None:
+            if embeds is None:
+                raise ValueError("Pass `input_ids`, `inputs_embeds` or `numeric_values`.")
+            return embeds
+        if not self.config.numeric_inputs:
+            raise ValueError("`numeric_values` were passed but the config has `numeric_inputs=False`.")
+        numbers = self.wne(numeric_values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
+        if embeds is None:
+            return numbers
+        if numeric_mask is None:
+            if self.config.numeric_token_id is None:
+                raise ValueError("With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`.")
+            numeric_mask = input_ids == self.config.numeric_token_id
+        return torch.where(numeric_mask[..., None].bool(), numbers, embeds)
+
+    def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> torch.Tensor:
+        """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding."""
+        if attention_mask is None:
+            return torch.arange(past_length + length, device=device)[None]
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def check_positions(self, position_ids: torch.Tensor) -> None:
+        config = self.config
+        tabled = config.position_embedding_type in ("learned", "sinusoidal") or config.uses_positional_heads
+        if tabled and position_ids.numel() and int(position_ids.max()) >= config.n_positions:
+            raise ValueError(
+                f"Position {int(position_ids.max())} is beyond `n_positions`={config.n_positions}, the longest the "
+                f"position encodings support (`position_embedding_type`={config.position_embedding_type!r}"
+                + (f", `positional_encoding`={config.positional_encoding!r}" if config.uses_positional_heads else "")
+                + "). Use shorter sequences or a config with a larger `n_positions`."
+            )
+
+    def attention_inputs(self, attention_mask, position_ids, key_position_ids) -> AttentionInputs:
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()
+        rotary = None
+        if self.config.position_embedding_type == "rope":
+            rotary = rotary_cos_sin(position_ids, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+        rows = self.wpp(key_position_ids) if self.config.uses_positional_heads else None
+        return AttentionInputs(key_mask=key_mask, positional_rows=rows, rotary=rotary)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        cache: HeadKindCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        numeric_values: torch.Tensor | None = None,
+        numeric_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        r"""
+        numeric_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Numbers embedded as `value * w + b` (needs `config.numeric_inputs`) at the positions of `numeric_mask`,
+            or of `config.numeric_token_id` in `input_ids`, or everywhere when `input_ids` is None.
+        numeric_mask (`torch.BoolTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Which positions take their embedding from `numeric_values`.
+        """
+        if "past_key_values" in kwargs:
+            cache = kwargs.pop("past_key_values")
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        if input_ids is not None and inputs_embeds is not None:
+            raise ValueError("Pass either `input_ids` or `inputs_embeds`, not both.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_mask)
+        batch, length = inputs_embeds.shape[:2]
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}.")
+
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if use_cache and not self.config.is_causal:
+            use_cache = False  # a bidirectional model's past depends on the future: recompute instead
+        if use_cache and cache is None:
+            cache = HeadKindCache(self.config.n_layer, self.config.local_window)
+        past_length = cache.get_seq_length() if cache is not None else 0
+
+        key_position_ids = self.position_ids_from(attention_mask, past_length, length, inputs_embeds.device)
+        if position_ids is None:
+            position_ids = key_position_ids[:, -length:]
+        elif past_length == 0:
+            key_position_ids = position_ids
+        position_ids = position_ids.view(-1, length)
+        self.check_positions(key_position_ids)
+
+        hidden_states = inputs_embeds
+        if hasattr(self, "wpe"):
+            hidden_states = hidden_states + self.wpe(position_ids).to(hidden_states.dtype)
+        hidden_states = self.drop(hidden_states)
+        inputs = self.attention_inputs(attention_mask, position_ids, key_position_ids)
+
+        all_hidden_states, all_attentions = [], []
+        for layer_idx, block in enumerate(self.h):
+            if output_hidden_states:
+                all_hidden_states.append(hidden_states)
+            cache_layer = cache.layers[layer_idx] if use_cache else None
+            hidden_states, weights = block(hidden_states, inputs, cache_layer, output_attentions)
+            all_attentions.append(weights)
+        hidden_states = self.ln_f(hidden_states)
+        if output_hidden_states:
+            all_hidden_states.append(hidden_states)
+
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+
+
+# --- heads -----------------------------------------------------------------------------------------------------
+
+
+class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config: HfAttnConfig):
+        super().__init__(config)
+        self.transformer = HfAttnModel(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.loss_type = "ForCausalLM"  # transformers infers it from class names ending in ForCausalLM
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        cache: HeadKindCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        numeric_values: torch.Tensor | None = None,
+        numeric_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """`labels` are the inputs (shifted inside the loss), -100 where ignored; see `HfAttnModel.forward`."""
+        outputs = self.transformer(
+            input_ids, cache, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, use_cache, **kwargs
+        )
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+def last_token_index(input_ids, attention_mask, pad_token_id: int | None, length: int, device) -> torch.Tensor:
+    """(B,) index of each sequence's last real token, under left or right padding."""
+    if attention_mask is not None:
+        real = attention_mask.bool()
+    elif input_ids is not None and pad_token_id is not None:
+        real = input_ids != pad_token_id
+    else:
+        return torch.full((1,), length - 1, device=device)
+    return (real.long() * torch.arange(length, device=device)).argmax(-1)
+
+
+class HfAttnForSequenceClassification(HfAttnPreTrainedModel):
+    """Classification or regression (`problem_type="regression"`) from the last real token, as GPT-2 does."""
+
+    def __init__(self, config: HfAttnConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = HfAttnModel(config)
+        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        cache=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        numeric_values=None,
+        numeric_mask=None,
+        labels=None,
+        use_cache=None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        outputs = self.transformer(
+            input_ids, cache, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, use_cache, **kwargs
+        )
+        logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
+        batch, length = logits.shape[:2]
+        last = last_token_index(input_ids, attention_mask, self.config.pad_token_id, length, logits.device)
+        pooled_logits = logits[torch.arange(batch, device=logits.device), last.expand(batch)]
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class HfAttnForTokenClassification(HfAttnPreTrainedModel):
+    """Per-position classification, or per-position regression with `problem_type="regression"`.
+
+    Regression labels are (B, T) for one output or (B, T, num_labels); NaN labels are left out of the loss
+    (e.g. Paper A's scratchpad position), since every float is a possible target.
+    """
+
+    def __init__(self, config: HfAttnConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = HfAttnModel(config)
+        self.dropout = nn.Dropout(config.resid_pdrop)
+        self.classifier = nn.Linear(config.n_embd, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        numeric_values=None,
+        numeric_mask=None,
+        labels=None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        outputs = self.transformer(
+            input_ids, None, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, False, **kwargs
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        loss = None
+        if labels is not None and self.config.problem_type == "regression":
+            predictions = logits.squeeze(-1) if labels.dim() == 2 else logits
+            kept = ~torch.isnan(labels)
+            loss = nn.functional.mse_loss(predictions[kept].float(), labels[kept].float())
+        elif labels is not None:
+            loss = self.loss_function(logits, labels, self.config)
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+# --- the three registered model types: presets, so bare subclasses ---------------------------------------------
+
+
+class PositionalGPT2Model(HfAttnModel):
+    config: PositionalGPT2Config
+
+
+class PositionalGPT2LMHeadModel(HfAttnLMHeadModel):
+    config: PositionalGPT2Config
+
+
+class PositionalGPT2ForSequenceClassification(HfAttnForSequenceClassification):
+    config: PositionalGPT2Config
+
+
+class PositionalGPT2ForTokenClassification(HfAttnForTokenClassification):
+    config: PositionalGPT2Config
+
+
+class LocalGPT2Model(HfAttnModel):
+    config: LocalGPT2Config
+
+
+class LocalGPT2LMHeadModel(HfAttnLMHeadModel):
+    config: LocalGPT2Config
+
+
+class LocalGPT2ForSequenceClassification(HfAttnForSequenceClassification):
+    config: LocalGPT2Config
+
+
+class LocalGPT2ForTokenClassification(HfAttnForTokenClassification):
+    config: LocalGPT2Config
+
+
+class HybridGPT2Model(HfAttnModel):
+    config: HybridGPT2Config
+
+
+class HybridGPT2LMHeadModel(HfAttnLMHeadModel):
+    config: HybridGPT2Config
+
+
+class HybridGPT2ForSequenceClassification(HfAttnForSequenceClassification):
+    config: HybridGPT2Config
+
+
+class HybridGPT2ForTokenClassification(HfAttnForTokenClassification):
+    config: HybridGPT2Config
+
+
+# Auto class name -> class suffix, shared by registration and the remote-code `auto_map`.
+AUTO_CLASS_SUFFIXES = {
+    "AutoModel": "Model",
+    "AutoModelForCausalLM": "LMHeadModel",
+    "AutoModelForSequenceClassification": "ForSequenceClassification",
+    "AutoModelForTokenClassification": "ForTokenClassification",
+}
+MODEL_CLASSES = {
+    config_class: {auto: globals()[prefix + suffix] for auto, suffix in AUTO_CLASS_SUFFIXES.items()}
+    for prefix, config_class in (
+        ("PositionalGPT2", PositionalGPT2Config),
+        ("LocalGPT2", LocalGPT2Config),
+        ("HybridGPT2", HybridGPT2Config),
+    )
+}
+
+
+def enable_remote_code(model: HfAttnPreTrainedModel) -> None:
+    """Make `save_pretrained` / `push_to_hub` export this code with a full `auto_map`.
+
+    transformers' `register_for_auto_class` maps only one Auto class; with the full map every Auto class loads
+    the checkpoint with `trust_remote_code=True` where hf_attn is not installed.
+    """
+    config_class = type(model.config)
+    model.register_for_auto_class(next(a for a, c in MODEL_CLASSES[config_class].items() if isinstance(model, c)))
+    model.config.auto_map = {
+        "AutoConfig": f"configuration_hf_attn.{config_class.__name__}",
+        **{auto: f"modeling_hf_attn.{cls.__name__}" for auto, cls in MODEL_CLASSES[config_class].items()},
+    }
+
+
+__all__ = [
+    "HfAttnPreTrainedModel",
+    "HfAttnModel",
+    "HfAttnLMHeadModel",
+    "HfAttnForSequenceClassification",
+    "HfAttnForTokenClassification",
+    *(cls.__name__ for classes in MODEL_CLASSES.values() for cls in classes.values()),
+    "MODEL_CLASSES",
+    "enable_remote_code",
+]
