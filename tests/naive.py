@@ -1,0 +1,45 @@
+"""Independent references for the tests: attention written out position by position, no code from hf_attn."""
+
+import math
+
+import torch
+
+
+def visible_keys(query: int, num_keys: int, is_causal: bool, attend_to_self: bool, local_window: int | None):
+    """Key indices query `query` may see, from the papers' definitions written as plain conditions."""
+    keys = []
+    for key in range(num_keys):
+        if is_causal and key > query:
+            continue
+        if key == query and not attend_to_self:
+            continue
+        if local_window is not None and abs(query - key) > local_window:
+            continue
+        keys.append(key)
+    return keys
+
+
+def naive_attention(q, k, v, is_causal, attend_to_self, local_window=None, key_mask=None, scale=None):
+    """Loops over batch, head and query; a query with no visible key outputs zeros (Paper B).
+
+    Returns the output (B, H, T, D) and the full weights (B, H, T, S).
+    """
+    batch, heads, num_queries, dim = q.shape
+    num_keys = k.shape[2]
+    scale = 1 / math.sqrt(dim) if scale is None else scale
+    out = torch.zeros(batch, heads, num_queries, v.shape[-1], dtype=torch.float64)
+    weights = torch.zeros(batch, heads, num_queries, num_keys, dtype=torch.float64)
+    for b in range(batch):
+        for i in range(num_queries):
+            query = i + num_keys - num_queries
+            keys = visible_keys(query, num_keys, is_causal, attend_to_self, local_window)
+            if key_mask is not None:
+                keys = [j for j in keys if key_mask[b, j]]
+            if not keys:
+                continue
+            for h in range(heads):
+                scores = torch.stack([q[b, h, i].double() @ k[b, h, j].double() for j in keys]) * scale
+                w = torch.softmax(scores, dim=0)
+                weights[b, h, i, keys] = w
+                out[b, h, i] = sum(w[n] * v[b, h, j].double() for n, j in enumerate(keys))
+    return out, weights

@@ -1,0 +1,146 @@
+"""Every head-kind kernel against the position-by-position reference in `naive.py`."""
+
+import itertools
+
+import pytest
+import torch
+from naive import naive_attention
+
+from hf_attn.attention_hf_attn import (
+    Visibility,
+    global_attention,
+    local_attention_by_chunks,
+    local_attention_by_offsets,
+    local_attention_masked,
+    local_weights_as_matrix,
+    positional_attention,
+    positional_weights,
+    visibility_mask,
+)
+
+B, H, T, D = 2, 3, 13, 8  # T not a multiple of the chunk size, to exercise the ragged last chunk
+
+
+def qkv(num_keys=T, num_queries=T, dtype=torch.float32):
+    q = torch.randn(B, H, num_queries, D, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, H, num_keys, D, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, H, num_keys, D, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def padding(kind: str, num_keys=T):
+    """Left padding on sample 0 (as `generate` makes), right padding on sample 1, or none."""
+    if kind == "none":
+        return None
+    mask = torch.ones(B, num_keys, dtype=torch.bool)
+    mask[0, :4] = False
+    mask[1, -3:] = False
+    return mask
+
+
+def local_kernels():
+    return {
+        "offsets": lambda *a: local_attention_by_offsets(*a)[0],
+        "chunks": local_attention_by_chunks,
+        "masked": local_attention_masked,
+    }
+
+
+GRID = list(itertools.product([True, False], [True, False], ["none", "padded"]))  # causal, self, padding
+
+
+@pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
+def test_global_matches_reference(is_causal, attend_to_self, pad):
+    q, k, v = qkv()
+    key_mask = padding(pad)
+    visibility = Visibility(is_causal, attend_to_self)
+    assert_matches_reference(
+        lambda q, k, v: global_attention(q, k, v, visibility, key_mask, scale=D**-0.5),
+        q, k, v, is_causal=is_causal, attend_to_self=attend_to_self, key_mask=key_mask,
+    )
+
+
+@pytest.mark.parametrize("kernel", ["offsets", "chunks", "masked"])
+@pytest.mark.parametrize("local_window", [1, 2, 5])
+@pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
+def test_local_matches_reference(kernel, local_window, is_causal, attend_to_self, pad):
+    q, k, v = qkv()
+    key_mask = padding(pad)
+    visibility = Visibility(is_causal, attend_to_self, local_window)
+    assert_matches_reference(
+        lambda q, k, v: local_kernels()[kernel](q, k, v, visibility, key_mask, D**-0.5),
+        q, k, v, is_causal=is_causal, attend_to_self=attend_to_self, local_window=local_window, key_mask=key_mask,
+    )
+
+
+def test_chunk_kernel_with_window_larger_than_chunk():
+    """k = 40 > the 32-query minimum chunk: chunks grow to k and still see exactly k keys back."""
+    q, k, v = qkv(num_keys=100, num_queries=100)
+    out = local_attention_by_chunks(q, k, v, Visibility(True, False, 40), None, D**-0.5)
+    expected, _ = naive_attention(q, k, v, True, False, 40)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("local_window", [1, 3])
+@pytest.mark.parametrize("attend_to_self", [True, False])
+def test_local_offsets_with_cached_keys(local_window, attend_to_self):
+    """Queries are the last T of S keys (cached decoding): query i sits at key i + S - T."""
+    q, k, v = qkv(num_keys=7, num_queries=2)
+    key_mask = torch.ones(B, 7, dtype=torch.bool)
+    key_mask[0, :5] = False  # sample 0 has one real past token
+    visibility = Visibility(True, attend_to_self, local_window)
+    out, weights, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, D**-0.5)
+    expected, expected_weights = naive_attention(q, k, v, True, attend_to_self, local_window, key_mask)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(local_weights_as_matrix(weights, offsets, 7).double(), expected_weights, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
+def test_positional_matches_reference(is_causal, attend_to_self, pad):
+    """Positional heads are content attention whose queries and keys are P Wq and P Wk, the same for every sample."""
+    key_mask = padding(pad)
+    pq, pk = torch.randn(1, H, T, 5), torch.randn(1, H, T, 5)
+    _, _, v = qkv()
+    mask = visibility_mask(Visibility(is_causal, attend_to_self), T, key_mask, T, v.device)
+    weights = positional_weights(pq, pk, mask, scale=5**-0.5)
+    out = positional_attention(weights, v)
+    expected, expected_weights = naive_attention(
+        pq.expand(B, -1, -1, -1), pk.expand(B, -1, -1, -1), v, is_causal, attend_to_self, key_mask=key_mask
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.expand(B, -1, -1, -1).double(), expected_weights, atol=1e-6, rtol=1e-5)
+    if key_mask is None:
+        assert weights.shape[0] == 1, "without padding the weights are one tensor for the whole batch"
+
+
+@pytest.mark.parametrize("kernel", ["offsets", "chunks", "masked"])
+def test_strict_first_row_is_zero_without_nan(kernel):
+    q, k, v = qkv()
+    out = local_kernels()[kernel](q, k, v, Visibility(True, False, 1), padding("padded"), D**-0.5)
+    out.sum().backward()
+    assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
+    assert torch.equal(out[0, :, :5], torch.zeros_like(out[0, :, :5])), "first real token of a left-padded row"
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("kernel", ["offsets", "chunks"])
+def test_local_bf16_close_to_fp32(kernel):
+    q, k, v = qkv()
+    visibility = Visibility(True, False, 2)
+    expected = local_kernels()[kernel](q, k, v, visibility, None, D**-0.5)
+    out = local_kernels()[kernel](q.bfloat16(), k.bfloat16(), v.bfloat16(), visibility, None, D**-0.5)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def assert_matches_reference(attend, q, k, v, **reference_kwargs):
+    """Output and gradients (of a random projection of the output) agree with `naive_attention` in float64."""
+    out = attend(q, k, v)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected, _ = naive_attention(q64, k64, v64, **reference_kwargs)
+    torch.testing.assert_close(out.double(), expected.detach(), atol=1e-5, rtol=1e-5)
+    probe = torch.randn_like(expected)
+    grads = torch.autograd.grad((out.double() * probe).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad((expected * probe).sum(), (q64, k64, v64))
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,83 @@
+"""Cached decoding gives the tokens of recomputing the whole prefix; the cache keeps only what each kind needs."""
+
+import pytest
+import torch
+from conftest import MODEL_TYPES, tiny_config
+from transformers import AutoModelForCausalLM
+
+PAD = 2
+
+
+def left_padded_prompts():
+    prompts = [torch.randint(3, 37, (n,)) for n in (7, 3, 5)]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), PAD)
+    attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = prompt
+        attention_mask[row, width - len(prompt) :] = 1
+    return prompts, input_ids, attention_mask
+
+
+def greedy_by_recomputing(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
+    """The reference: a full forward over the whole prefix for every new token, no cache."""
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(input_ids, attention_mask=attention_mask, use_cache=False).logits[:, -1]
+        input_ids = torch.cat([input_ids, logits.argmax(-1, keepdim=True)], dim=1)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+    return input_ids
+
+
+def generation_model(model_type: str, **overrides):
+    # Larger init so that logits are far apart and greedy choices are never near-ties.
+    config = tiny_config(model_type, initializer_range=0.3, eos_token_id=None, **overrides)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("overrides", [{}, {"position_embedding_type": "rope", "attend_to_self": True, "local_window": 1}])
+def test_cached_generation_equals_recomputing_the_prefix(model_type, overrides):
+    model = generation_model(model_type, **overrides)
+    _, input_ids, attention_mask = left_padded_prompts()
+    expected = greedy_by_recomputing(model, input_ids, attention_mask, steps=12)
+    cached = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(cached, expected)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(model_type):
+    model = generation_model(model_type)
+    prompts, input_ids, attention_mask = left_padded_prompts()
+    batch = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(prompt[None], max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+        assert torch.equal(batch[row, -8:], alone[0, -8:])
+
+
+def cache_after(model, length: int):
+    with torch.no_grad():
+        return model(torch.randint(3, 37, (2, length)), use_cache=True).cache
+
+
+def test_local_only_cache_stays_the_same_size_as_the_context_grows():
+    model = generation_model("local_gpt2", local_window=3)
+    sizes = {length: cache_after(model, length).memory_bytes() for length in (5, 20, 60)}
+    assert len(set(sizes.values())) == 1, sizes
+    layer = cache_after(model, 60).layers[0]
+    assert layer.local_keys.shape[-2] == 3 and layer.global_keys is None and layer.positional_values is None
+
+
+def test_cache_keeps_per_kind_what_the_kind_needs():
+    layout = ["global", "local", "positional", "positional"]
+    model = generation_model("hybrid_gpt2", head_layout=[layout, layout], local_window=2)
+    layer = cache_after(model, 10).layers[1]
+    assert layer.global_keys.shape == layer.global_values.shape == (2, 1, 10, 8)
+    assert layer.local_keys.shape == layer.local_values.shape == (2, 1, 2, 8)
+    assert layer.positional_values.shape == (2, 2, 10, 8)
+    assert cache_after(model, 20).memory_bytes() > cache_after(model, 10).memory_bytes()
+
+
+def test_bidirectional_model_does_not_cache():
+    model = generation_model("positional_gpt2", is_causal=False)
+    assert cache_after(model, 5) is None

@@ -1,0 +1,158 @@
+"""Whole models: GPT-2 equivalence, receptive fields, positional weights, output_attentions, dtypes."""
+
+import pytest
+import torch
+from conftest import MODEL_TYPES, tiny_config
+from naive import naive_attention
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+
+def gpt2_and_ours():
+    fields = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=37, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(**fields)).eval()
+    ours = AutoModelForCausalLM.from_config(
+        tiny_config("hybrid_gpt2", num_local_heads=0, attend_to_self=True, position_embedding_type="learned", **fields)
+    ).eval()
+    missing, unexpected = ours.load_state_dict(gpt2.state_dict(), strict=True)
+    assert not missing and not unexpected
+    return gpt2, ours
+
+
+def test_global_layout_reproduces_gpt2_logits():
+    gpt2, ours = gpt2_and_ours()
+    input_ids = torch.randint(0, 37, (3, 20))
+    with torch.no_grad():
+        expected = gpt2(input_ids).logits
+        torch.testing.assert_close(ours(input_ids).logits, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_global_layout_reproduces_gpt2_with_left_padding():
+    """GPT-2 given the positions `generate` uses (counted over real tokens) == ours, which derives them."""
+    gpt2, ours = gpt2_and_ours()
+    input_ids = torch.randint(0, 37, (2, 12))
+    attention_mask = torch.ones(2, 12, dtype=torch.long)
+    attention_mask[0, :5] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = gpt2(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        got = ours(input_ids, attention_mask=attention_mask).logits
+    real = attention_mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def dependence_on_inputs(model, length: int, position: int) -> torch.Tensor:
+    """(length,) bool: which input embeddings the output at `position` has a nonzero gradient for."""
+    embeds = torch.randn(1, length, model.config.n_embd, dtype=torch.float64, requires_grad=True)
+    out = model(inputs_embeds=embeds).last_hidden_state
+    probe = torch.randn_like(out[0, position])  # not .sum(): a LayerNorm output sums to a constant
+    (grad,) = torch.autograd.grad((out[0, position] * probe).sum(), embeds)
+    return grad[0].abs().sum(-1) > 0
+
+
+@pytest.mark.parametrize("num_layers,local_window", [(1, 1), (2, 3), (3, 2)])
+def test_local_receptive_field_is_layers_times_window(num_layers, local_window):
+    from transformers import AutoModel
+
+    config = tiny_config("local_gpt2", n_layer=num_layers, local_window=local_window, position_embedding_type="none")
+    model = AutoModel.from_config(config).double()
+    length, position = 24, 20
+    depends = dependence_on_inputs(model, length, position)
+    reach = position - num_layers * local_window
+    expected = torch.tensor([reach <= j <= position for j in range(length)])
+    assert torch.equal(depends, expected), f"depends on {depends.nonzero().flatten().tolist()}"
+
+
+@pytest.mark.parametrize("model_type,overrides", [("hybrid_gpt2", {}), ("hybrid_gpt2", {"num_local_heads": 0})])
+def test_hybrid_and_global_reach_token_zero(model_type, overrides):
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(tiny_config(model_type, local_window=1, **overrides)).double()
+    assert dependence_on_inputs(model, 24, 23).all()
+
+
+def test_positional_weights_identical_for_different_inputs():
+    model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")).eval()
+    first = model(torch.randint(0, 37, (2, 10)), output_attentions=True).attentions
+    second = model(torch.randint(0, 37, (3, 10)), output_attentions=True).attentions
+    for layer_first, layer_second in zip(first, second):
+        assert torch.equal(layer_first[0], layer_first[1])
+        assert torch.equal(layer_first[0], layer_second[2])
+        assert not torch.allclose(layer_first[0, 0, 5, :6], torch.full((6,), 1 / 6)), "weights were learned from P"
+
+
+def test_positional_weights_match_reference_from_onehot_p():
+    """softmax((P Wq)(P Wk)^T / sqrt(d)) with P = eye(n_positions), Paper A, computed here from the parameters."""
+    config = tiny_config("positional_gpt2", is_causal=False, n_positions=10)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    attentions = model(torch.randint(0, 37, (1, 10)), output_attentions=True).attentions
+    p = torch.eye(10)
+    for layer, weights in zip(model.transformer.h, attentions):
+        projected = p @ layer.attn.p_attn.weight + layer.attn.p_attn.bias  # (10, 2 * H * qk)
+        pq, pk = projected.view(10, 2, 4, -1).permute(1, 2, 0, 3)  # (H, 10, qk) each
+        expected = torch.softmax(pq @ pk.transpose(-1, -2) / pq.shape[-1] ** 0.5, dim=-1)
+        torch.testing.assert_close(weights[0], expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [["global", "local", "positional", "local"], ["local", "global", "global", "positional"]])
+@pytest.mark.parametrize("attend_to_self", [False, True])
+def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_to_self):
+    """Mixed layouts: each head's returned weights equal the reference recomputed from the layer's parameters."""
+    config = tiny_config("hybrid_gpt2", head_layout=[layout, layout], attend_to_self=attend_to_self, local_window=2)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    captured = {}
+    model.transformer.h[1].attn.register_forward_pre_hook(lambda module, args: captured.update(x=args[0]))
+    input_ids = torch.randint(0, 37, (2, 11))
+    attention_mask = torch.ones(2, 11, dtype=torch.long)
+    attention_mask[1, :3] = 0
+    outputs = model(input_ids, attention_mask=attention_mask, output_attentions=True)
+    torch.testing.assert_close(outputs.logits, model(input_ids, attention_mask=attention_mask).logits, atol=1e-5, rtol=1e-5)
+
+    attn, weights = model.transformer.h[1].attn, outputs.attentions[1]
+    content = [h for h, kind in enumerate(layout) if kind != "positional"]
+    q, k, _ = (attn.c_attn(captured["x"])[..., : 2 * len(content) * 8]).split(len(content) * 8, dim=-1) + (None,)
+    q = q.view(2, 11, -1, 8).transpose(1, 2)
+    k = k.view(2, 11, -1, 8).transpose(1, 2)
+    for i, head in enumerate(content):
+        window = 2 if layout[head] == "local" else None
+        _, expected = naive_attention(q[:, i : i + 1], k[:, i : i + 1], k[:, i : i + 1], True, attend_to_self, window, attention_mask.bool())
+        torch.testing.assert_close(weights[:, head].double(), expected[:, 0], atol=1e-5, rtol=1e-5)
+    positional = layout.index("positional")
+    row_sums = weights[:, positional].sum(-1)
+    assert torch.allclose(row_sums[row_sums > 0], torch.ones(()), atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_nan_with_strict_masks_and_padding(model_type, dtype):
+    config = tiny_config(model_type, attend_to_self=False, position_embedding_type="rope")
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    input_ids = torch.randint(0, 37, (3, 9))
+    attention_mask = torch.ones(3, 9, dtype=torch.long)
+    attention_mask[0, :4] = 0
+    attention_mask[1, -2:] = 0
+    out = model(input_ids, attention_mask=attention_mask, labels=input_ids)
+    out.loss.backward()
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal", "rope", "none"])
+@pytest.mark.parametrize("block_style", ["gpt2", "post_ln", "concat_mlp"])
+def test_padding_does_not_change_real_positions(model_type, position_embedding_type, block_style):
+    """A left-padded sample gives the logits it gives alone: positions count real tokens, padding is never seen."""
+    config = tiny_config(model_type, position_embedding_type=position_embedding_type, block_style=block_style)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    alone = torch.randint(3, 37, (1, 7))
+    padded = torch.cat([torch.full((1, 4), 2), alone], dim=1)
+    mask = torch.tensor([[0] * 4 + [1] * 7])
+    with torch.no_grad():
+        expected = model(alone).logits
+        got = model(padded, attention_mask=mask).logits[:, 4:]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sequence_longer_than_positions_is_refused():
+    model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", n_positions=8))
+    with pytest.raises(ValueError, match="n_positions"):
+        model(torch.randint(0, 37, (1, 9)))

@@ -1,0 +1,104 @@
+"""save_pretrained / from_pretrained, every Auto class, and remote code where hf_attn cannot be imported."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import MODEL_TYPES, tiny_config
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+
+import hf_attn
+
+AUTO_CLASSES = {
+    "AutoModel": AutoModel,
+    "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
+    "AutoModelForTokenClassification": AutoModelForTokenClassification,
+}
+# Fixed tables (sinusoidal positions, one-hot and binary P) are rebuilt, not saved: cover each.
+ENCODINGS = [
+    {"position_embedding_type": "sinusoidal", "positional_encoding": "onehot"},
+    {"position_embedding_type": "rope", "positional_encoding": "binary"},
+    {"position_embedding_type": "learned", "positional_encoding": "learned", "block_style": "post_ln"},
+]
+
+
+def main_output(outputs) -> torch.Tensor:
+    return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("auto_name", AUTO_CLASSES)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_round_trip_through_every_auto_class(model_type, auto_name, encoding, tmp_path):
+    auto_class = AUTO_CLASSES[auto_name]
+    model = auto_class.from_config(tiny_config(model_type, num_labels=3, **encoding)).eval()
+    assert type(model) is hf_attn.MODEL_CLASSES[type(model.config)][auto_name]
+    model.save_pretrained(tmp_path)
+    loaded = auto_class.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    assert loaded.config.to_diff_dict() | {"_name_or_path": ""} == model.config.to_diff_dict() | {"_name_or_path": ""}
+    input_ids = torch.randint(3, 37, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(loaded(input_ids)), main_output(model(input_ids)), atol=0, rtol=0)
+
+
+def test_autoconfig_builds_each_type():
+    for model_type, config_class in zip(MODEL_TYPES, (hf_attn.PositionalGPT2Config, hf_attn.LocalGPT2Config, hf_attn.HybridGPT2Config)):
+        assert type(AutoConfig.for_model(model_type)) is config_class
+
+
+REMOTE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_attn"] = None  # importing hf_attn now fails: only the exported code can load the model
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    path, expected = sys.argv[1], torch.load(sys.argv[2])
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    assert config.model_type == "hybrid_gpt2", config.model_type
+    for auto in (AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification):
+        assert auto.from_pretrained(path, trust_remote_code=True).__class__.__module__.startswith("transformers_modules")
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    assert "hf_attn" not in sys.modules or sys.modules["hf_attn"] is None
+    with torch.no_grad():
+        logits = model(expected["input_ids"]).logits
+    torch.testing.assert_close(logits, expected["logits"], atol=0, rtol=0)
+    tokens = model.generate(expected["input_ids"], max_new_tokens=5, do_sample=False)
+    assert torch.equal(tokens, expected["tokens"])
+    print("remote ok", type(model).__name__)
+    """
+)
+
+
+def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
+    model = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", eos_token_id=None)).eval()
+    hf_attn.enable_remote_code(model)
+    model.save_pretrained(tmp_path / "model")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert set(saved["auto_map"]) == {"AutoConfig", *AUTO_CLASSES}
+    assert {"modeling_hf_attn.py", "configuration_hf_attn.py", "attention_hf_attn.py", "cache_hf_attn.py"} <= set(
+        os.listdir(tmp_path / "model")
+    )
+    input_ids = torch.randint(3, 37, (2, 6))
+    with torch.no_grad():
+        expected = {"input_ids": input_ids, "logits": model(input_ids).logits}
+    expected["tokens"] = model.generate(input_ids, max_new_tokens=5, do_sample=False)
+    torch.save(expected, tmp_path / "expected.pt")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run(
+        [sys.executable, "-c", REMOTE_SCRIPT, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "remote ok HybridGPT2LMHeadModel" in result.stdout
