@@ -10,7 +10,8 @@ import transformers
 from .cache_hf_attn import HeadKindCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .modeling_hf_attn import *  # noqa: F403
-from .modeling_hf_attn import MODEL_CLASSES, __all__ as _modeling_all
+from .modeling_hf_attn import MODEL_CLASSES
+from .modeling_hf_attn import __all__ as _modeling_all
 
 
 def _register() -> None:

@@ -249,9 +249,7 @@ def local_attention_masked(
 # --- positional heads ------------------------------------------------------------------------------------------
 
 
-def positional_weights(
-    pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
+def positional_weights(pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Paper A: softmax((P Wq)(P Wk)^T / sqrt(d)). `pq` (1|B, H, T, d), `pk` (1|B, H, S, d).
 
     Depends on positions only, so without padding it is one (1, H, T, S) tensor for the whole batch.

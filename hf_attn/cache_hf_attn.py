@@ -67,7 +67,7 @@ class HeadKindCacheLayer:
 
 
 class HeadKindCache(Cache):
-    """`Cache` for hf_attn models, created by the model itself when `use_cache=True` (see `_supports_default_dynamic_cache`)."""
+    """`Cache` for hf_attn models. The model makes it itself when `use_cache=True`, not `generate`."""
 
     def __init__(self, num_layers: int, local_window: int):
         super().__init__(layers=[HeadKindCacheLayer(local_window) for _ in range(num_layers)])

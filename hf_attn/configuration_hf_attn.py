@@ -145,7 +145,8 @@ class HfAttnConfig(GPT2Config):
     def validate_head_layout(self):
         if not isinstance(self.head_layout, list) or len(self.head_layout) != self.n_layer:
             raise ValueError(
-                f"`head_layout` must be a list of `n_layer`={self.n_layer} lists of head kinds, got {self.head_layout!r}."
+                f"`head_layout` must be a list of `n_layer`={self.n_layer} lists of head kinds, "
+                f"got {self.head_layout!r}."
             )
         for layer_idx, layer in enumerate(self.head_layout):
             if len(layer) != self.n_head:
@@ -184,12 +185,16 @@ class HfAttnConfig(GPT2Config):
             if getattr(self, field) < 1:
                 raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
         if self.positional_encoding == "sinusoidal" and self.positional_encoding_dim % 2:
-            raise ValueError(f"`positional_encoding_dim` must be even for sinusoidal P, got {self.positional_encoding_dim}.")
+            raise ValueError(
+                f"`positional_encoding_dim` must be even for sinusoidal P, got {self.positional_encoding_dim}."
+            )
 
     def validate_position_embedding(self):
         head_dim = self.n_embd // self.n_head
         if self.position_embedding_type == "rope" and head_dim % 2:
-            raise ValueError(f"`position_embedding_type`='rope' needs an even head dim (n_embd / n_head), got {head_dim}.")
+            raise ValueError(
+                f"`position_embedding_type`='rope' needs an even head dim (n_embd / n_head), got {head_dim}."
+            )
         if self.position_embedding_type == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"`position_embedding_type`='sinusoidal' needs an even `n_embd`, got {self.n_embd}.")
         if self.rope_theta <= 0:

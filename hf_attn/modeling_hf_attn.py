@@ -35,7 +35,6 @@ from .attention_hf_attn import (
     positional_attention,
     positional_weights,
     rotary_cos_sin,
-    sinusoidal_table,
     visibility_mask,
 )
 from .cache_hf_attn import HeadKindCache, HeadKindCacheLayer
@@ -115,7 +114,9 @@ class HfAttnAttention(nn.Module):
         self.num_content_heads = len(content_heads)
         self.kinds = [kind for kind in HEAD_KINDS if kind in layout]
         # Per kind: where its heads sit among the values (all heads) and among queries/keys (content heads).
-        self.value_heads = {kind: _index_or_slice([h for h, k in enumerate(layout) if k == kind]) for kind in self.kinds}
+        self.value_heads = {
+            kind: _index_or_slice([h for h, k in enumerate(layout) if k == kind]) for kind in self.kinds
+        }
         self.content_heads = {
             kind: _index_or_slice([i for i, h in enumerate(content_heads) if layout[h] == kind])
             for kind in self.kinds
@@ -129,7 +130,9 @@ class HfAttnAttention(nn.Module):
         self.num_positional_heads = layout.count("positional")
         if self.num_positional_heads:
             self.positional_qk_dim = config.positional_qk_dim
-            self.p_attn = Conv1D(2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim)
+            self.p_attn = Conv1D(
+                2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim
+            )
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
@@ -171,7 +174,9 @@ class HfAttnAttention(nn.Module):
             else:
                 queries = _take_heads(q, self.content_heads[kind])
                 keys = _take_heads(k, self.content_heads[kind])
-                out, w = self.content_heads_forward(kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions)
+                out, w = self.content_heads_forward(
+                    kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
+                )
             outputs.append(out)
             weights.append(w)
         if cache_layer is not None:
@@ -200,7 +205,9 @@ class HfAttnAttention(nn.Module):
             out, w, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, self.scale, dropout)
             return out, local_weights_as_matrix(w, offsets, k.shape[-2])
         if output_attentions:
-            w = masked_weights(q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale)
+            w = masked_weights(
+                q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale
+            )
             return torch.matmul(w, v), w
         attend = global_attention if kind == "global" else self.local_impl
         return attend(q, k, v, visibility, key_mask, self.scale, dropout), None
@@ -326,7 +333,11 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 self.wpp = FixedTable(config.positional_encoding, config.n_positions, config.positional_encoding_dim)
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([BLOCKS[config.block_style](config, i) for i in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.block_style == "gpt2" else nn.Identity()
+        self.ln_f = (
+            nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+            if config.block_style == "gpt2"
+            else nn.Identity()
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -349,7 +360,9 @@ class HfAttnModel(HfAttnPreTrainedModel):
             return numbers
         if numeric_mask is None:
             if self.config.numeric_token_id is None:
-                raise ValueError("With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`.")
+                raise ValueError(
+                    "With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`."
+                )
             numeric_mask = input_ids == self.config.numeric_token_id
         return torch.where(numeric_mask[..., None].bool(), numbers, embeds)
 
@@ -413,7 +426,9 @@ class HfAttnModel(HfAttnPreTrainedModel):
             inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_mask)
         batch, length = inputs_embeds.shape[:2]
         if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}.")
+            raise ValueError(
+                f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}."
+            )
 
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and not self.config.is_causal:
@@ -485,7 +500,15 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """`labels` are the inputs (shifted inside the loss), -100 where ignored; see `HfAttnModel.forward`."""
         outputs = self.transformer(
-            input_ids, cache, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, use_cache, **kwargs
+            input_ids,
+            cache,
+            attention_mask,
+            position_ids,
+            inputs_embeds,
+            numeric_values,
+            numeric_mask,
+            use_cache,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
@@ -493,7 +516,11 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
 
 
@@ -533,7 +560,15 @@ class HfAttnForSequenceClassification(HfAttnPreTrainedModel):
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         outputs = self.transformer(
-            input_ids, cache, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, use_cache, **kwargs
+            input_ids,
+            cache,
+            attention_mask,
+            position_ids,
+            inputs_embeds,
+            numeric_values,
+            numeric_mask,
+            use_cache,
+            **kwargs,
         )
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
         batch, length = logits.shape[:2]

@@ -16,8 +16,18 @@ def tiny_config(model_type: str, **overrides):
     from transformers import AutoConfig
 
     fields = dict(
-        n_layer=2, n_head=4, n_embd=32, vocab_size=37, n_positions=64, local_window=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=37,
+        n_positions=64,
+        local_window=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
         positional_qk_dim=8,
     )
     fields.update(overrides)

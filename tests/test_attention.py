@@ -56,7 +56,12 @@ def test_global_matches_reference(is_causal, attend_to_self, pad):
     visibility = Visibility(is_causal, attend_to_self)
     assert_matches_reference(
         lambda q, k, v: global_attention(q, k, v, visibility, key_mask, scale=D**-0.5),
-        q, k, v, is_causal=is_causal, attend_to_self=attend_to_self, key_mask=key_mask,
+        q,
+        k,
+        v,
+        is_causal=is_causal,
+        attend_to_self=attend_to_self,
+        key_mask=key_mask,
     )
 
 
@@ -69,7 +74,13 @@ def test_local_matches_reference(kernel, local_window, is_causal, attend_to_self
     visibility = Visibility(is_causal, attend_to_self, local_window)
     assert_matches_reference(
         lambda q, k, v: local_kernels()[kernel](q, k, v, visibility, key_mask, D**-0.5),
-        q, k, v, is_causal=is_causal, attend_to_self=attend_to_self, local_window=local_window, key_mask=key_mask,
+        q,
+        k,
+        v,
+        is_causal=is_causal,
+        attend_to_self=attend_to_self,
+        local_window=local_window,
+        key_mask=key_mask,
     )
 
 
@@ -92,7 +103,9 @@ def test_local_offsets_with_cached_keys(local_window, attend_to_self):
     out, weights, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, D**-0.5)
     expected, expected_weights = naive_attention(q, k, v, True, attend_to_self, local_window, key_mask)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(local_weights_as_matrix(weights, offsets, 7).double(), expected_weights, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        local_weights_as_matrix(weights, offsets, 7).double(), expected_weights, atol=1e-6, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
@@ -142,5 +155,5 @@ def assert_matches_reference(attend, q, k, v, **reference_kwargs):
     probe = torch.randn_like(expected)
     grads = torch.autograd.grad((out.double() * probe).sum(), (q, k, v))
     expected_grads = torch.autograd.grad((expected * probe).sum(), (q64, k64, v64))
-    for grad, expected_grad in zip(grads, expected_grads):
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)

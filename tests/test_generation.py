@@ -36,12 +36,16 @@ def generation_model(model_type: str, **overrides):
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-@pytest.mark.parametrize("overrides", [{}, {"position_embedding_type": "rope", "attend_to_self": True, "local_window": 1}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"position_embedding_type": "rope", "attend_to_self": True, "local_window": 1}]
+)
 def test_cached_generation_equals_recomputing_the_prefix(model_type, overrides):
     model = generation_model(model_type, **overrides)
     _, input_ids, attention_mask = left_padded_prompts()
     expected = greedy_by_recomputing(model, input_ids, attention_mask, steps=12)
-    cached = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+    cached = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD
+    )
     assert torch.equal(cached, expected)
 
 
@@ -49,7 +53,9 @@ def test_cached_generation_equals_recomputing_the_prefix(model_type, overrides):
 def test_left_padded_batch_generates_what_each_prompt_generates_alone(model_type):
     model = generation_model(model_type)
     prompts, input_ids, attention_mask = left_padded_prompts()
-    batch = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+    batch = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD
+    )
     for row, prompt in enumerate(prompts):
         alone = model.generate(prompt[None], max_new_tokens=8, do_sample=False, pad_token_id=PAD)
         assert torch.equal(batch[row, -8:], alone[0, -8:])

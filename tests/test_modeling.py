@@ -8,7 +8,9 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 
 def gpt2_and_ours():
-    fields = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=37, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    fields = dict(
+        n_layer=2, n_head=4, n_embd=32, vocab_size=37, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     gpt2 = GPT2LMHeadModel(GPT2Config(**fields)).eval()
     ours = AutoModelForCausalLM.from_config(
         tiny_config("hybrid_gpt2", num_local_heads=0, attend_to_self=True, position_embedding_type="learned", **fields)
@@ -74,7 +76,7 @@ def test_positional_weights_identical_for_different_inputs():
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")).eval()
     first = model(torch.randint(0, 37, (2, 10)), output_attentions=True).attentions
     second = model(torch.randint(0, 37, (3, 10)), output_attentions=True).attentions
-    for layer_first, layer_second in zip(first, second):
+    for layer_first, layer_second in zip(first, second, strict=True):
         assert torch.equal(layer_first[0], layer_first[1])
         assert torch.equal(layer_first[0], layer_second[2])
         assert not torch.allclose(layer_first[0, 0, 5, :6], torch.full((6,), 1 / 6)), "weights were learned from P"
@@ -86,14 +88,16 @@ def test_positional_weights_match_reference_from_onehot_p():
     model = AutoModelForCausalLM.from_config(config).eval()
     attentions = model(torch.randint(0, 37, (1, 10)), output_attentions=True).attentions
     p = torch.eye(10)
-    for layer, weights in zip(model.transformer.h, attentions):
+    for layer, weights in zip(model.transformer.h, attentions, strict=True):
         projected = p @ layer.attn.p_attn.weight + layer.attn.p_attn.bias  # (10, 2 * H * qk)
         pq, pk = projected.view(10, 2, 4, -1).permute(1, 2, 0, 3)  # (H, 10, qk) each
         expected = torch.softmax(pq @ pk.transpose(-1, -2) / pq.shape[-1] ** 0.5, dim=-1)
         torch.testing.assert_close(weights[0], expected, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", [["global", "local", "positional", "local"], ["local", "global", "global", "positional"]])
+@pytest.mark.parametrize(
+    "layout", [["global", "local", "positional", "local"], ["local", "global", "global", "positional"]]
+)
 @pytest.mark.parametrize("attend_to_self", [False, True])
 def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_to_self):
     """Mixed layouts: each head's returned weights equal the reference recomputed from the layer's parameters."""
@@ -105,16 +109,21 @@ def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_t
     attention_mask = torch.ones(2, 11, dtype=torch.long)
     attention_mask[1, :3] = 0
     outputs = model(input_ids, attention_mask=attention_mask, output_attentions=True)
-    torch.testing.assert_close(outputs.logits, model(input_ids, attention_mask=attention_mask).logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        outputs.logits, model(input_ids, attention_mask=attention_mask).logits, atol=1e-5, rtol=1e-5
+    )
 
     attn, weights = model.transformer.h[1].attn, outputs.attentions[1]
     content = [h for h, kind in enumerate(layout) if kind != "positional"]
-    q, k, _ = (attn.c_attn(captured["x"])[..., : 2 * len(content) * 8]).split(len(content) * 8, dim=-1) + (None,)
-    q = q.view(2, 11, -1, 8).transpose(1, 2)
-    k = k.view(2, 11, -1, 8).transpose(1, 2)
+    width = len(content) * 8  # c_attn: [queries of content heads | their keys | values of all heads]
+    projected = attn.c_attn(captured["x"])
+    q = projected[..., :width].view(2, 11, -1, 8).transpose(1, 2)
+    k = projected[..., width : 2 * width].view(2, 11, -1, 8).transpose(1, 2)
     for i, head in enumerate(content):
         window = 2 if layout[head] == "local" else None
-        _, expected = naive_attention(q[:, i : i + 1], k[:, i : i + 1], k[:, i : i + 1], True, attend_to_self, window, attention_mask.bool())
+        _, expected = naive_attention(
+            q[:, i : i + 1], k[:, i : i + 1], k[:, i : i + 1], True, attend_to_self, window, attention_mask.bool()
+        )
         torch.testing.assert_close(weights[:, head].double(), expected[:, 0], atol=1e-5, rtol=1e-5)
     positional = layout.index("positional")
     row_sums = weights[:, positional].sum(-1)

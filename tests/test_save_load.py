@@ -54,7 +54,9 @@ def test_round_trip_through_every_auto_class(model_type, auto_name, encoding, tm
 
 
 def test_autoconfig_builds_each_type():
-    for model_type, config_class in zip(MODEL_TYPES, (hf_attn.PositionalGPT2Config, hf_attn.LocalGPT2Config, hf_attn.HybridGPT2Config)):
+    for model_type, config_class in zip(
+        MODEL_TYPES, (hf_attn.PositionalGPT2Config, hf_attn.LocalGPT2Config, hf_attn.HybridGPT2Config), strict=True
+    ):
         assert type(AutoConfig.for_model(model_type)) is config_class
 
 
@@ -63,12 +65,14 @@ REMOTE_SCRIPT = textwrap.dedent(
     import sys
     sys.modules["hf_attn"] = None  # importing hf_attn now fails: only the exported code can load the model
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
     path, expected = sys.argv[1], torch.load(sys.argv[2])
     config = AutoConfig.from_pretrained(path, trust_remote_code=True)
     assert config.model_type == "hybrid_gpt2", config.model_type
     for auto in (AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification):
-        assert auto.from_pretrained(path, trust_remote_code=True).__class__.__module__.startswith("transformers_modules")
+        loaded = auto.from_pretrained(path, trust_remote_code=True)
+        assert type(loaded).__module__.startswith("transformers_modules"), type(loaded).__module__
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
     assert "hf_attn" not in sys.modules or sys.modules["hf_attn"] is None
     with torch.no_grad():
@@ -98,7 +102,11 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_SCRIPT, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote ok HybridGPT2LMHeadModel" in result.stdout

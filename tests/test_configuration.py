@@ -1,0 +1,91 @@
+"""Presets, serialisation and refusal of every invalid field with a message that names it."""
+
+import pytest
+from conftest import MODEL_TYPES
+from transformers import AutoConfig
+
+import hf_attn
+
+
+def test_presets():
+    positional = hf_attn.PositionalGPT2Config(n_layer=2, n_head=3, n_embd=12, n_positions=9)
+    assert positional.head_layout == [["positional"] * 3] * 2 and positional.attend_to_self
+    assert positional.positional_encoding_dim == 9 == positional.positional_qk_dim  # Paper A: d_P = n + 1
+    local = hf_attn.LocalGPT2Config(n_layer=1, n_head=2, n_embd=8)
+    assert local.head_layout == [["local", "local"]] and local.attend_to_self is False and local.local_window == 1
+    hybrid = hf_attn.HybridGPT2Config(n_layer=1, n_head=5, n_embd=10, num_local_heads=3)
+    assert hybrid.head_layout == [["global", "global", "local", "local", "local"]]
+    assert hf_attn.HybridGPT2Config(n_layer=1, n_head=4, n_embd=8).head_layout == [
+        ["global", "global", "local", "local"]
+    ]
+
+
+def test_binary_encoding_width():
+    config = hf_attn.PositionalGPT2Config(n_layer=1, n_head=1, n_embd=8, n_positions=100, positional_encoding="binary")
+    assert config.positional_encoding_dim == 7  # 2^7 = 128 >= 100 positions
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_layout_and_fields_survive_json(model_type, tmp_path):
+    layout = [["global", "positional"], ["local", "local"]]
+    config = AutoConfig.for_model(
+        model_type,
+        n_layer=2,
+        n_head=2,
+        n_embd=8,
+        head_layout=layout,
+        local_window=3,
+        is_causal=False,
+        position_embedding_type="rope",
+        positional_encoding="sinusoidal",
+        block_style="concat_mlp",
+    )
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is type(config) and loaded.head_layout == layout
+    assert (loaded.local_window, loaded.is_causal, loaded.block_style) == (3, False, "concat_mlp")
+
+
+BAD_FIELDS = [
+    ({"local_window": 0}, "local_window"),
+    ({"local_window": -2}, "local_window"),
+    ({"local_window": 1.5}, "local_window"),
+    ({"num_local_heads": 5}, "num_local_heads"),
+    ({"num_local_heads": -1}, "num_local_heads"),
+    ({"head_layout": [["global", "sparse"], ["global", "local"]]}, "head_layout"),
+    ({"head_layout": [["global", "local"]]}, "head_layout"),
+    ({"head_layout": [["global"], ["local"]]}, "head_layout"),
+    ({"position_embedding_type": "alibi"}, "position_embedding_type"),
+    ({"positional_encoding": "random"}, "positional_encoding"),
+    ({"block_style": "parallel"}, "block_style"),
+    ({"local_attention_impl": "flash"}, "local_attention_impl"),
+    ({"positional_encoding": "onehot", "positional_encoding_dim": 5}, "positional_encoding_dim"),
+    ({"positional_encoding": "sinusoidal", "positional_encoding_dim": 7}, "positional_encoding_dim"),
+    ({"positional_qk_dim": 0}, "positional_qk_dim"),
+    ({"n_embd": 9}, "n_embd"),
+    ({"n_layer": 0}, "n_layer"),
+    ({"rope_theta": 0.0}, "rope_theta"),
+    ({"n_embd": 12, "n_head": 4, "position_embedding_type": "rope"}, "rope"),
+    ({"numeric_token_id": 3}, "numeric_token_id"),
+    ({"numeric_inputs": True, "numeric_token_id": 99}, "numeric_token_id"),
+]
+
+
+@pytest.mark.parametrize("fields,named", BAD_FIELDS)
+def test_invalid_field_raises_value_error_naming_it(fields, named):
+    base = dict(n_layer=2, n_head=2, n_embd=8, vocab_size=50)
+    with pytest.raises(ValueError, match=named):
+        hf_attn.HybridGPT2Config(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    "fields,allowed",
+    [
+        ({"positional_encoding": "random"}, "['onehot', 'binary', 'sinusoidal', 'learned']"),
+        ({"local_window": 0}, ">= 1"),
+    ],
+)
+def test_error_states_allowed_values(fields, allowed):
+    with pytest.raises(ValueError) as error:
+        hf_attn.LocalGPT2Config(**fields)
+    assert allowed in str(error.value)
