@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-# Above this many scores per query the blocked kernel beats one pass per offset (measured on CPU, batch 4,
-# 12 heads, head dim 64: offsets win up to k = 3 strict, chunks from k = 4 on).
-MAX_OFFSETS_FOR_SHIFT_KERNEL = 4
+# Above this many scores per query the chunked kernel beats one pass per offset (measured on CPU, T = 4096,
+# batch 4, 12 heads, head dim 64: offsets 465 ms vs chunks 652 ms at k = 8, 818 vs 621 ms at k = 16).
+MAX_OFFSETS_FOR_SHIFT_KERNEL = 12
 # Queries per chunk in the blocked kernel: large enough for efficient matmuls, small enough to skip most of T x T.
 MIN_CHUNK = 32
 
@@ -165,12 +165,65 @@ def local_attention(
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
 
 
+class BandedAttention(torch.autograd.Function):
+    """Attention over a few key offsets per query, with a hand-written backward.
+
+    Autograd of the same few lines allocates a fresh (B, H, T, D) tensor for every product; on CPU those
+    allocations (page faults on large blocks), not the arithmetic, dominate. Here each pass reuses one buffer
+    and accumulates in place. Inputs: `starts[j]` is where offset j's keys begin in the padded `k_padded`,
+    `visible` (B|1, n, T) says which of those keys exist and are not padding, `keep` is the dropout mask.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k_padded, v_padded, visible, starts, scale, keep):
+        length = q.shape[-2]
+        buffer = torch.empty_like(q)
+        scores = q.new_empty(len(starts), *q.shape[:-1])  # (n, B, H, T): each offset's slice is contiguous
+        for j, start in enumerate(starts):
+            torch.mul(q, k_padded[:, :, start : start + length], out=buffer)
+            torch.sum(buffer, dim=-1, out=scores[j])
+        mask = visible[:, :, None].movedim(1, 0)  # (n, B|1, 1, T)
+        weights = masked_softmax((scores.float() * scale).movedim(0, -1), mask.movedim(0, -1)).movedim(-1, 0)
+        weights = weights.to(q.dtype)
+        applied = weights if keep is None else weights * keep
+        out = torch.zeros_like(q)
+        for j, start in enumerate(starts):
+            out.addcmul_(applied[j, ..., None], v_padded[:, :, start : start + length])
+        ctx.save_for_backward(q, k_padded, v_padded, weights, keep)
+        ctx.starts, ctx.scale = starts, scale
+        ctx.mark_non_differentiable(weights)
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_weights):
+        q, k_padded, v_padded, weights, keep = ctx.saved_tensors
+        length, starts = q.shape[-2], ctx.starts
+        grad_out = grad_out.contiguous()
+        applied = weights if keep is None else weights * keep
+        buffer = torch.empty_like(q)
+        grad_applied = torch.empty_like(weights)  # (n, B, H, T)
+        grad_v = torch.zeros_like(v_padded)
+        for j, start in enumerate(starts):
+            torch.mul(grad_out, v_padded[:, :, start : start + length], out=buffer)
+            torch.sum(buffer, dim=-1, out=grad_applied[j])
+            grad_v[:, :, start : start + length].addcmul_(applied[j, ..., None], grad_out)
+        grad_weights = grad_applied if keep is None else grad_applied * keep
+        # softmax backward: dS = W * (dW - sum_j W dW), then the scale
+        grad_scores = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True)) * ctx.scale
+        grad_q = torch.zeros_like(q)
+        grad_k = torch.zeros_like(k_padded)
+        for j, start in enumerate(starts):
+            grad_q.addcmul_(grad_scores[j, ..., None], k_padded[:, :, start : start + length])
+            grad_k[:, :, start : start + length].addcmul_(grad_scores[j, ..., None], q)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
 def local_attention_by_offsets(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """One pass per visible offset: the score of query i with key i - offset, softmax over the offsets.
 
-    Returns the output, the (B, H, T, num_offsets) weights and the offsets they belong to.
+    Returns the output, the (B, H, T, n) weights and the n offsets they belong to.
     """
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     query_start = num_keys - num_queries  # key index of query 0
@@ -183,13 +236,13 @@ def local_attention_by_offsets(
         key_mask = torch.ones(1, num_keys, dtype=torch.bool, device=q.device)
     key_mask_padded = F.pad(key_mask.bool(), (pad_left, pad_right))  # (B|1, padded S); padding is invalid
     starts = [query_start - offset + pad_left for offset in offsets]
-
-    scores = torch.stack([(q * k_padded[:, :, s : s + num_queries]).sum(-1) for s in starts], dim=-1)
-    visible = torch.stack([key_mask_padded[:, s : s + num_queries] for s in starts], dim=-1)  # (B|1, T, n)
-    weights = masked_softmax(scores.float() * scale, visible[:, None]).to(q.dtype)  # (B, H, T, n)
-    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
-    out = sum(dropped[..., j, None] * v_padded[:, :, s : s + num_queries] for j, s in enumerate(starts))
-    return out, weights, offsets
+    visible = torch.stack([key_mask_padded[:, s : s + num_queries] for s in starts], dim=1)  # (B|1, n, T)
+    keep = None
+    if dropout > 0:
+        keep_shape = (len(offsets), *q.shape[:-1])
+        keep = (torch.rand(keep_shape, device=q.device) >= dropout).to(q.dtype) / (1 - dropout)
+    out, weights = BandedAttention.apply(q, k_padded, v_padded, visible, starts, scale, keep)
+    return out, weights.movedim(0, -1), offsets
 
 
 def local_attention_by_chunks(
