@@ -18,14 +18,14 @@ import torch
 from hf_attn.attention_hf_attn import Visibility, local_attention, local_attention_masked
 
 
-def time_forward_backward(attend, q, k, v, repeats: int) -> float:
+def time_forward_backward(kernel, q, k, v, visibility: Visibility, repeats: int) -> float:
     """Median seconds of one forward + backward, after one warm-up call."""
     times = []
     for step in range(repeats + 1):
         for t in (q, k, v):
             t.grad = None
         start = time.perf_counter()
-        attend(q, k, v).sum().backward()
+        kernel(q, k, v, visibility, None, q.shape[-1] ** -0.5).sum().backward()
         if step:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -45,9 +45,13 @@ def main() -> None:
 
     torch.manual_seed(0)
     compiled = torch.compile(local_attention, dynamic=False) if args.compile else None
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    print(f"# batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, fp32, forward + backward, median of {args.repeats}")
-    header = "| T | k | masked SDPA (ms) | banded (ms) | speed-up |" + (" compiled (ms) | speed-up |" if compiled else "")
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"# torch {torch.__version__}, {machine}")
+    mask = "inclusive" if args.inclusive else "strict"
+    print(f"# batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, fp32, causal {mask} k-local,")
+    print(f"# forward + backward, median of {args.repeats} after a warm-up")
+    header = "| T | k | masked SDPA (ms) | banded (ms) | speed-up |"
+    header += " compiled (ms) | speed-up |" if compiled else ""
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for length in args.lengths:
@@ -55,16 +59,11 @@ def main() -> None:
         q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
         for window in args.windows:
             visibility = Visibility(is_causal=True, attend_to_self=args.inclusive, local_window=window)
-            scale = args.head_dim**-0.5
-
-            def run(kernel):
-                return lambda q, k, v: kernel(q, k, v, visibility, None, scale)
-
-            masked = time_forward_backward(run(local_attention_masked), q, k, v, args.repeats)
-            banded = time_forward_backward(run(local_attention), q, k, v, args.repeats)
+            masked = time_forward_backward(local_attention_masked, q, k, v, visibility, args.repeats)
+            banded = time_forward_backward(local_attention, q, k, v, visibility, args.repeats)
             row = f"| {length} | {window} | {masked * 1e3:.0f} | {banded * 1e3:.0f} | {masked / banded:.1f}x |"
             if compiled:
-                fast = time_forward_backward(run(compiled), q, k, v, args.repeats)
+                fast = time_forward_backward(compiled, q, k, v, visibility, args.repeats)
                 row += f" {fast * 1e3:.0f} | {masked / fast:.1f}x |"
             print(row, flush=True)
 

@@ -61,6 +61,7 @@ class AttentionInputs:
     """
 
     key_mask: torch.Tensor | None
+    num_keys: int  # past + current tokens
     positional_rows: torch.Tensor | None  # (B|1, S, d_P): P at every key position
     rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
 
@@ -187,8 +188,8 @@ class HfAttnAttention(nn.Module):
         out = self.resid_dropout(self.c_proj(out))
         if not output_attentions:
             return out, None
-        num_keys = max(w.shape[-1] for w in weights)
-        weights = [nn.functional.pad(w, (num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
+        # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
+        weights = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
         return out, self.in_layout_order(torch.cat(weights, dim=1))
 
     def in_layout_order(self, x: torch.Tensor) -> torch.Tensor:
@@ -208,7 +209,7 @@ class HfAttnAttention(nn.Module):
             w = masked_weights(
                 q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale
             )
-            return torch.matmul(w, v), w
+            return torch.matmul(nn.functional.dropout(w, dropout), v), w
         attend = global_attention if kind == "global" else self.local_impl
         return attend(q, k, v, visibility, key_mask, self.scale, dropout), None
 
@@ -384,6 +385,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             )
 
     def attention_inputs(self, attention_mask, position_ids, key_position_ids) -> AttentionInputs:
+        num_keys = key_position_ids.shape[-1]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
@@ -391,7 +393,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.n_embd // self.config.n_head, self.config.rope_theta)
         rows = self.wpp(key_position_ids) if self.config.uses_positional_heads else None
-        return AttentionInputs(key_mask=key_mask, positional_rows=rows, rotary=rotary)
+        return AttentionInputs(key_mask=key_mask, num_keys=num_keys, positional_rows=rows, rotary=rotary)
 
     def forward(
         self,
@@ -436,6 +438,11 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if use_cache and cache is None:
             cache = HeadKindCache(self.config.n_layer, self.config.local_window)
         past_length = cache.get_seq_length() if cache is not None else 0
+        if attention_mask is not None and attention_mask.shape[-1] != past_length + length:
+            raise ValueError(
+                f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
+                f"got {attention_mask.shape[-1]} columns."
+            )
 
         key_position_ids = self.position_ids_from(attention_mask, past_length, length, inputs_embeds.device)
         if position_ids is None:

@@ -87,3 +87,30 @@ def test_cache_keeps_per_kind_what_the_kind_needs():
 def test_bidirectional_model_does_not_cache():
     model = generation_model("positional_gpt2", is_causal=False)
     assert cache_after(model, 5) is None
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_beam_search_reorders_the_cache(model_type):
+    model = generation_model(model_type)
+    _, input_ids, attention_mask = left_padded_prompts()
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(model.generate(input_ids, **kwargs), model.generate(input_ids, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_attentions_of_a_cached_step_are_the_last_row_of_the_full_ones(model_type):
+    model = generation_model(model_type)
+    _, input_ids, attention_mask = left_padded_prompts()
+    with torch.no_grad():
+        full = model(input_ids, attention_mask=attention_mask, output_attentions=True).attentions
+        prefix = model(input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=True)
+        step = model(input_ids[:, -1:], attention_mask=attention_mask, cache=prefix.cache, output_attentions=True)
+    for layer_full, layer_step in zip(full, step.attentions, strict=True):
+        torch.testing.assert_close(layer_step, layer_full[:, :, -1:], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_mask_must_cover_cached_tokens():
+    model = generation_model("local_gpt2")
+    prefix = model(torch.randint(3, 37, (1, 5)), use_cache=True)
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.tensor([[4]]), attention_mask=torch.ones(1, 1), cache=prefix.cache)

@@ -126,3 +126,20 @@ def test_trainer_lowers_the_loss_of_a_positional_regressor(tmp_path):
     trainer.train()
     after = trainer.evaluate()["eval_loss"]
     assert after < 0.5 * before, (before, after)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(
+        tiny_config("hybrid_gpt2", head_layout=[["global", "local", "positional", "local"]] * 2)
+    )
+    model.train()
+    input_ids = torch.randint(3, 37, (2, 10))
+    model(input_ids, labels=input_ids).loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.activation_checkpointing_enable()
+    model(input_ids, labels=input_ids).loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], msg=name)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README:
+#   ./run.sh main    installs what it needs, then runs the main job (examples/demo.py)
+#   ./run.sh test    installs what it needs, then lints and runs the test suite offline (extra args go to pytest)
+# Uses the active virtual environment, or makes .venv. An installed torch is never replaced; without one, the
+# CPU build of torch 2.13.0 is installed first (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu where
+# your pip's default index would give a CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python=${PYTHON:-python3}
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  python=.venv/bin/python
+fi
+if ! "$python" -c "import torch" 2>/dev/null; then
+  "$python" -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+fi
+"$python" -m pip install -q -e ".[dev,plots]"
+
+case "${1:-}" in
+  main) shift; "$python" examples/demo.py "$@" ;;
+  test) shift; "$python" -m ruff check . && HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$python" -m pytest -q tests "$@" ;;
+  *) echo "usage: ./run.sh main|test [args]" >&2; exit 2 ;;
+esac
