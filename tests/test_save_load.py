@@ -91,9 +91,14 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     model.save_pretrained(tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", *AUTO_CLASSES}
-    assert {"modeling_hf_attn.py", "configuration_hf_attn.py", "attention_hf_attn.py", "cache_hf_attn.py"} <= set(
-        os.listdir(tmp_path / "model")
-    )
+    exported = {
+        "modeling_hf_attn.py",
+        "layers_hf_attn.py",
+        "configuration_hf_attn.py",
+        "attention_hf_attn.py",
+        "cache_hf_attn.py",
+    }
+    assert exported <= set(os.listdir(tmp_path / "model"))
     input_ids = torch.randint(3, 37, (2, 6))
     with torch.no_grad():
         expected = {"input_ids": input_ids, "logits": model(input_ids).logits}

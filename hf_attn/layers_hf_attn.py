@@ -1,0 +1,269 @@
+"""Building blocks of hf_attn models: the attention layer that groups heads by kind, the MLP and three block styles.
+
+GPT-2's parameter names (`attn.c_attn`, `attn.c_proj`, `ln_1`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`), so a GPT-2
+state dict loads into a global-only layout.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.pytorch_utils import Conv1D
+
+from .attention_hf_attn import (
+    FIXED_ENCODINGS,
+    Visibility,
+    apply_rotary,
+    global_attention,
+    local_attention,
+    local_attention_by_offsets,
+    local_attention_masked,
+    local_weights_as_matrix,
+    masked_weights,
+    positional_attention,
+    positional_weights,
+    visibility_mask,
+)
+from .cache_hf_attn import HeadKindCacheLayer
+from .configuration_hf_attn import HEAD_KINDS, HfAttnConfig
+
+# --- inputs shared by every layer of one forward ---------------------------------------------------------------
+
+
+@dataclass
+class AttentionInputs:
+    """Computed once per forward by the trunk, read by every layer.
+
+    `key_mask` (B, S) is None when nothing is padded; positions are (B|1, ...) so that without padding the
+    positional heads' weights are one tensor for the whole batch.
+    """
+
+    key_mask: torch.Tensor | None
+    num_keys: int  # past + current tokens
+    positional_rows: torch.Tensor | None  # (B|1, S, d_P): P at every key position
+    rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
+
+
+class FixedTable(nn.Module):
+    """A fixed encoding table looked up by position (sinusoidal residual positions, fixed P).
+
+    Non-persistent: nothing to save, and `_init_weights` refills it after `from_pretrained` builds on meta.
+    """
+
+    def __init__(self, kind: str, num_positions: int, dim: int):
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("table", self.build(num_positions, dim), persistent=False)
+
+    def build(self, num_positions: int, dim: int) -> torch.Tensor:
+        return FIXED_ENCODINGS[self.kind](num_positions, dim)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+
+# --- attention layer -------------------------------------------------------------------------------------------
+
+
+def _index_or_slice(indices: list[int]) -> slice | torch.Tensor:
+    """A slice (a view, free) when the heads of a kind are contiguous, else an index tensor."""
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return slice(indices[0], indices[0] + len(indices))
+    return torch.tensor(indices)
+
+
+def _take_heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
+    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads.to(x.device))
+
+
+class HfAttnAttention(nn.Module):
+    """Multi-head attention whose heads follow `config.head_layout[layer_idx]`.
+
+    `c_attn` projects to [queries of content heads | keys of content heads | values of all heads], heads in
+    layout order (a global-only layout is GPT-2's `c_attn`). Positional heads take queries and keys from P
+    through `p_attn` instead (Paper A), and values from the data like every head.
+    """
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        layout = config.head_layout[layer_idx]
+        self.layer_idx = layer_idx
+        self.head_dim = config.n_embd // config.n_head
+        content_heads = [h for h, kind in enumerate(layout) if kind != "positional"]
+        self.num_content_heads = len(content_heads)
+        self.kinds = [kind for kind in HEAD_KINDS if kind in layout]
+        # Per kind: where its heads sit among the values (all heads) and among queries/keys (content heads).
+        self.value_heads = {
+            kind: _index_or_slice([h for h, k in enumerate(layout) if k == kind]) for kind in self.kinds
+        }
+        self.content_heads = {
+            kind: _index_or_slice([i for i, h in enumerate(content_heads) if layout[h] == kind])
+            for kind in self.kinds
+            if kind != "positional"
+        }
+        kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind]
+        self.restore_order = None if kind_order == sorted(kind_order) else torch.tensor(kind_order).argsort()
+
+        self.c_attn = Conv1D((2 * self.num_content_heads + config.n_head) * self.head_dim, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        self.num_positional_heads = layout.count("positional")
+        if self.num_positional_heads:
+            self.positional_qk_dim = config.positional_qk_dim
+            self.p_attn = Conv1D(
+                2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim
+            )
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+        self.scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scale /= float(layer_idx + 1)
+        self.visibility = {
+            kind: Visibility(config.is_causal, config.attend_to_self, config.local_window if kind == "local" else None)
+            for kind in self.kinds
+        }
+        self.local_impl = local_attention_masked if config.local_attention_impl == "masked" else local_attention
+
+    def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, length, _ = hidden_states.shape
+        content_width = self.num_content_heads * self.head_dim
+        q, k, v = self.c_attn(hidden_states).split([content_width, content_width, hidden_states.shape[-1]], dim=-1)
+        q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H_content, T, D)
+        k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        return q, k, v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        inputs: AttentionInputs,
+        cache_layer: HeadKindCacheLayer | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        q, k, v = self.split_heads(hidden_states, inputs.rotary)
+        dropout = self.attn_dropout.p if self.training else 0.0
+        outputs, weights = [], []
+        for kind in self.kinds:
+            values = _take_heads(v, self.value_heads[kind])
+            if kind == "positional":
+                out, w = self.positional_heads(values, length, inputs, cache_layer, dropout)
+            else:
+                queries = _take_heads(q, self.content_heads[kind])
+                keys = _take_heads(k, self.content_heads[kind])
+                out, w = self.content_heads_forward(
+                    kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
+                )
+            outputs.append(out)
+            weights.append(w)
+        if cache_layer is not None:
+            cache_layer.seen_tokens += length
+
+        out = self.in_layout_order(torch.cat(outputs, dim=1))  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        out = self.resid_dropout(self.c_proj(out))
+        if not output_attentions:
+            return out, None
+        # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
+        weights = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
+        return out, self.in_layout_order(torch.cat(weights, dim=1))
+
+    def in_layout_order(self, x: torch.Tensor) -> torch.Tensor:
+        """Heads come out grouped by kind; put them back in layout order."""
+        return x if self.restore_order is None else x.index_select(1, self.restore_order.to(x.device))
+
+    def content_heads_forward(self, kind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+        if cache_layer is not None:
+            update = cache_layer.update_global if kind == "global" else cache_layer.update_local
+            k, v = update(k, v)
+        key_mask = None if inputs.key_mask is None else inputs.key_mask[:, -k.shape[-2] :]
+        visibility = self.visibility[kind]
+        if output_attentions and kind == "local":
+            out, w, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, self.scale, dropout)
+            return out, local_weights_as_matrix(w, offsets, k.shape[-2])
+        if output_attentions:
+            w = masked_weights(
+                q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale
+            )
+            return torch.matmul(nn.functional.dropout(w, dropout), v), w
+        attend = global_attention if kind == "global" else self.local_impl
+        return attend(q, k, v, visibility, key_mask, self.scale, dropout), None
+
+    def positional_heads(self, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float):
+        """Weights from P alone: one (1, H_pos, T, S) tensor for the whole batch unless padding shifts positions."""
+        if cache_layer is not None:
+            v = cache_layer.update_positional(v)
+        num_keys = v.shape[-2]
+        rows = inputs.positional_rows  # (B|1, S, d_P)
+        projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
+        pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
+        pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
+        mask = visibility_mask(self.visibility["positional"], length, inputs.key_mask, num_keys, v.device)
+        weights = positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5).to(v.dtype)
+        return positional_attention(weights, v, dropout), weights
+
+
+# --- blocks ----------------------------------------------------------------------------------------------------
+
+
+class HfAttnMLP(nn.Module):
+    """GPT-2's MLP; `input_dim` is 2 * n_embd in Paper A's concat-then-MLP block."""
+
+    def __init__(self, config: HfAttnConfig, input_dim: int):
+        super().__init__()
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.c_fc = Conv1D(inner_dim, input_dim)
+        self.c_proj = Conv1D(config.n_embd, inner_dim)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+
+class PreLNBlock(GradientCheckpointingLayer):
+    """GPT-2: `x + attn(LN(x))`, then `x + mlp(LN(x))`."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = HfAttnAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = HfAttnMLP(config, config.n_embd)
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(self.ln_1(hidden_states), inputs, cache_layer, output_attentions)
+        hidden_states = hidden_states + attn_output
+        return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
+
+
+class PostLNBlock(PreLNBlock):
+    """Paper B: `LN(x + attn(x))`, then `LN(x + mlp(x))`."""
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        hidden_states = self.ln_1(hidden_states + attn_output)
+        return self.ln_2(hidden_states + self.mlp(hidden_states)), weights
+
+
+class ConcatMLPBlock(GradientCheckpointingLayer):
+    """Paper A: `MLP(concat(x, attn(x)))`, no residual and no LayerNorm."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        self.attn = HfAttnAttention(config, layer_idx)
+        self.mlp = HfAttnMLP(config, 2 * config.n_embd)
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        return self.mlp(torch.cat([hidden_states, attn_output], dim=-1)), weights
+
+
+BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock}
+
+
+__all__ = ["AttentionInputs", "FixedTable", "HfAttnAttention", "HfAttnMLP", "BLOCKS"]
