@@ -31,8 +31,7 @@ class HfAttnPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["PreLNBlock", "PostLNBlock", "ConcatMLPBlock"]
-    _supports_sdpa = True  # our kernels are SDPA-based whatever `attn_implementation` says
-    _supports_attention_backend = True
+    _supports_sdpa = True  # each head kind picks its own kernel (SDPA-based) whatever `attn_implementation` says
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -172,6 +171,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and not self.config.is_causal:
             use_cache = False  # a bidirectional model's past depends on the future: recompute instead
+        if cache is not None and not isinstance(cache, HeadKindCache):
+            raise ValueError(f"`cache` must be a HeadKindCache (made by the model itself), got {type(cache).__name__}.")
         if use_cache and cache is None:
             cache = HeadKindCache(self.config.n_layer, self.config.local_window)
         past_length = cache.get_seq_length() if cache is not None else 0

@@ -114,3 +114,10 @@ def test_attention_mask_must_cover_cached_tokens():
     prefix = model(torch.randint(3, 37, (1, 5)), use_cache=True)
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.tensor([[4]]), attention_mask=torch.ones(1, 1), cache=prefix.cache)
+
+
+def test_a_foreign_cache_is_refused():
+    from transformers import DynamicCache
+
+    with pytest.raises(ValueError, match="HeadKindCache"):
+        generation_model("hybrid_gpt2")(torch.tensor([[4, 5]]), cache=DynamicCache())
