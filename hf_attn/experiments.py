@@ -1,0 +1,193 @@
+"""What every experiment family shares: run folders that resume and never overwrite, metrics, tables and plots.
+
+A run is one (model, seed) of one experiment; it writes `results.json` into its own folder when it finishes. An
+experiment aggregates its runs' results into `results.md` (mean and median over seeds) and PNG plots.
+"""
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+
+
+# --- runs ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One model trained with one seed, in `folder`: `results.json` when finished, `checkpoint-*` while training."""
+
+    folder: Path
+    model: str
+    seed: int
+
+    @property
+    def results_file(self) -> Path:
+        return self.folder / RESULTS_FILE
+
+    @property
+    def finished(self) -> bool:
+        return self.results_file.exists()
+
+    def checkpoint_to_resume(self, resume: bool) -> str | None:
+        """The last checkpoint when resuming; refuses to silently restart over an interrupted run's checkpoints."""
+        last = get_last_checkpoint(str(self.folder)) if self.folder.is_dir() else None
+        if last is not None and not resume:
+            raise ValueError(
+                f"{self.folder} holds checkpoints of an interrupted run ({Path(last).name}). Pass `--resume true` "
+                "to continue it, or delete the folder to start over."
+            )
+        return last
+
+    def write_results(self, results: dict) -> None:
+        """Written once, atomically, so a crash never leaves a half-written file that counts as finished."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.results_file.with_suffix(".json.partial")
+        partial.write_text(json.dumps(results, indent=2, default=_json_default))
+        partial.replace(self.results_file)
+
+    def read_results(self) -> dict:
+        return json.loads(self.results_file.read_text())
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+# --- training --------------------------------------------------------------------------------------------------
+
+
+class InMemoryDataset(torch.utils.data.Dataset):
+    """A `datasets.Dataset` held as tensors: reading rows from Arrow one by one costs more than a small model's step."""
+
+    def __init__(self, dataset):
+        self.columns = dataset.with_format("torch")[:]
+        self.length = len(dataset)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: column[index] for name, column in self.columns.items()}
+
+
+class PlateauOnTrainingLoss(TrainerCallback):
+    """Steps a `ReduceLROnPlateau` scheduler on each epoch's mean training loss (Paper A), not on an eval metric.
+
+    Use with `logging_strategy="epoch"` (Trainer then logs the epoch's mean loss) and the scheduler passed to
+    Trainer through `optimizers=`; Trainer itself steps such a scheduler only after evaluations.
+    """
+
+    def on_log(self, args, state, control, logs=None, lr_scheduler=None, **kwargs):
+        if logs and "loss" in logs and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            lr_scheduler.step(logs["loss"])
+
+
+# --- metrics ---------------------------------------------------------------------------------------------------
+
+
+def regression_metrics(predictions: np.ndarray, labels: np.ndarray, tolerance: float) -> dict[str, float]:
+    """MSE over labelled positions (NaN labels, e.g. a scratchpad, are left out) and the share within tolerance."""
+    predictions = np.asarray(predictions, dtype=np.float64).reshape(labels.shape)
+    kept = ~np.isnan(labels)
+    errors = predictions[kept] - labels[kept]
+    return {
+        "mse": float(np.mean(errors**2)),
+        "accuracy": float(np.mean(np.abs(errors) <= tolerance)),
+        "mape": float(np.mean(np.abs(errors) / np.maximum(np.abs(labels[kept]), 1e-8))),
+    }
+
+
+# --- tables and plots ------------------------------------------------------------------------------------------
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"mean": math.nan, "median": math.nan, "runs": len(values)}
+    return {"mean": statistics.fmean(finite), "median": statistics.median(finite), "runs": len(values)}
+
+
+def aggregate(results: Iterable[dict], metric: str) -> dict[str, dict[str, dict[str, float]]]:
+    """{model: {scale: summary over seeds}} of `results[i]["by_scale"][scale][metric]`."""
+    grouped: dict[str, dict[str, list[float]]] = {}
+    for result in results:
+        for scale, metrics in result["by_scale"].items():
+            grouped.setdefault(result["model"], {}).setdefault(scale, []).append(metrics[metric])
+    return {model: {s: summarize(v) for s, v in by_scale.items()} for model, by_scale in grouped.items()}
+
+
+def _format(value: float) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e3) else f"{value:.3f}"
+
+
+def markdown_table(summary: dict[str, dict[str, dict[str, float]]], scale_name: str = "c") -> str:
+    """One row per scale, mean and median over seeds per model: `| c | positional mean | positional median | ...`."""
+    models = list(summary)
+    scales = sorted({s for by_scale in summary.values() for s in by_scale}, key=float)
+    header = f"| {scale_name} | " + " | ".join(f"{m} mean | {m} median" for m in models) + " |"
+    lines = [header, "|" + "---|" * (1 + 2 * len(models))]
+    for scale in scales:
+        cells = []
+        for model in models:
+            stats = summary[model].get(scale, {"mean": math.nan, "median": math.nan})
+            cells += [_format(stats["mean"]), _format(stats["median"])]
+        lines.append(f"| {scale} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_metric(
+    summary: dict[str, dict[str, dict[str, float]]], path: Path, title: str, ylabel: str, log_scale: bool
+) -> None:
+    """Mean over seeds against the scale, one line per model (median as a dashed line of the same colour)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for model, by_scale in summary.items():
+        scales = sorted(by_scale, key=float)
+        x = [float(s) for s in scales]
+        (line,) = axes.plot(x, [by_scale[s]["mean"] for s in scales], marker="o", label=f"{model} (mean)")
+        axes.plot(x, [by_scale[s]["median"] for s in scales], linestyle="--", color=line.get_color(), alpha=0.6)
+    if log_scale:
+        axes.set_yscale("log")
+    axes.set_xlabel("test range scale c (c = 1: training range)")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+__all__ = [
+    "Run",
+    "InMemoryDataset",
+    "PlateauOnTrainingLoss",
+    "regression_metrics",
+    "aggregate",
+    "markdown_table",
+    "plot_metric",
+    "summarize",
+]

@@ -1,0 +1,200 @@
+"""Paper A, algorithmic tasks: positional against standard attention, trained in distribution, tested out of it.
+
+Each task gives n numbers per sample; the model regresses a target at every position (cumulative sum, min,
+median, sort, cumulative maximum subarray sum). Models train on numbers from sub-ranges of [-2, 2] and are tested
+on [-2c, 2c] for every c in `scales` (c = 1 is in distribution). Paper A: positional attention's error stays low
+as c grows while standard attention's grows by orders of magnitude.
+
+    python -m training.algorithmic configs/algorithmic/cpu.yaml
+    python -m training.algorithmic configs/algorithmic/cpu.yaml --tasks cumulative_min --seeds 0 1 2
+    python -m training.algorithmic configs/algorithmic/cpu.yaml --resume true     # continue interrupted runs
+
+Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, mse.png,
+accuracy.png} per task.
+"""
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
+
+import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
+from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
+from hf_attn.experiments import (
+    InMemoryDataset,
+    PlateauOnTrainingLoss,
+    Run,
+    aggregate,
+    markdown_table,
+    plot_metric,
+    regression_metrics,
+)
+from training.common import parse_config
+
+MODEL_KINDS = ("positional", "standard")
+TEST_SEED = 1_000_000  # test sets depend only on (task, c): every model and seed is tested on the same samples
+
+
+@dataclass
+class ExperimentArguments:
+    tasks: list[str] = field(
+        default_factory=lambda: list(ALGORITHMIC_TASKS),
+        metadata={"help": "Tasks to run, each its own experiment.", "choices": ALGORITHMIC_TASKS},
+    )
+    models: list[str] = field(
+        default_factory=lambda: list(MODEL_KINDS),
+        metadata={"help": "Models to compare at equal size.", "choices": MODEL_KINDS},
+    )
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per model and seed."})
+    scales: list[int] = field(
+        default_factory=lambda: list(range(1, 11)),
+        metadata={"help": "Test ranges [c * train_low, c * train_high] to evaluate on; 1 is the training range."},
+    )
+    length: int = field(default=8, metadata={"help": "n, the numbers per sample."})
+    train_samples: int = field(default=30_000, metadata={"help": "Training samples (Paper A: 30,000)."})
+    test_samples: int = field(default=1_000, metadata={"help": "Test samples per scale c (Paper A: 1,000)."})
+    train_low: float = field(default=-2.0, metadata={"help": "Lower end of the training range (Paper A: -2)."})
+    train_high: float = field(default=2.0, metadata={"help": "Upper end of the training range (Paper A: 2)."})
+    scratchpad: bool = field(default=True, metadata={"help": "Append Paper A's scratchpad position (value 0)."})
+    tolerance: float = field(
+        default=0.05,
+        metadata={"help": "Accuracy counts positions with |error| <= tolerance * c (our choice; not in the paper)."},
+    )
+    plateau_factor: float = field(default=0.9, metadata={"help": "ReduceLROnPlateau factor (Paper A: 0.9)."})
+    plateau_patience: int = field(default=50, metadata={"help": "ReduceLROnPlateau patience in epochs (Paper A: 50)."})
+    plateau_min_lr: float = field(default=1e-6, metadata={"help": "ReduceLROnPlateau floor (Paper A: 1e-6)."})
+    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+
+@dataclass
+class ModelArguments:
+    n_layer: int | None = field(default=None, metadata={"help": "Depth; default log2(n) + 1 (Paper A)."})
+    n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper A: 64)."})
+    n_head: int = field(default=2, metadata={"help": "Heads per layer (Paper A: 2)."})
+    n_inner: int = field(default=64, metadata={"help": "Hidden width of the MLP (Paper A: 64)."})
+    block_style: str = field(
+        default="concat_mlp", metadata={"help": "Block (Paper A: concat_mlp).", "choices": BLOCK_STYLES}
+    )
+    positional_encoding: str = field(
+        default="onehot",
+        metadata={"help": "P of the positional model (Paper A: onehot).", "choices": POSITIONAL_ENCODINGS},
+    )
+    is_causal: bool = field(default=False, metadata={"help": "Causal masks; Paper A is bidirectional (sort needs it)."})
+    activation_function: str = field(default="relu", metadata={"help": "MLP activation (Paper A: relu)."})
+
+
+def validate(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> None:
+    """Every cross-field problem at once, before any data is built."""
+    problems = []
+    if not experiment.train_low < experiment.train_high:
+        problems.append(f"train_low ({experiment.train_low}) must be < train_high ({experiment.train_high})")
+    if any(c < 1 for c in experiment.scales):
+        problems.append(f"scales must all be >= 1, got {experiment.scales}")
+    for name in ("length", "train_samples", "test_samples"):
+        if getattr(experiment, name) < 1:
+            problems.append(f"{name} must be >= 1, got {getattr(experiment, name)}")
+    if experiment.tolerance <= 0:
+        problems.append(f"tolerance must be > 0, got {experiment.tolerance}")
+    if not experiment.seeds:
+        problems.append("seeds must list at least one seed")
+    if model.n_layer is not None and model.n_layer < 1:
+        problems.append(f"n_layer must be >= 1, got {model.n_layer}")
+    if model.n_embd % model.n_head:
+        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if problems:
+        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def build_model(kind: str, model: ModelArguments, length: int, positions: int):
+    """Same trunk for both kinds; they differ in head kind and where positions enter (Paper A)."""
+    depth = model.n_layer or math.ceil(math.log2(length)) + 1  # Paper A: log2(n) + 1 layers
+    heads = {
+        # weights from P only; no position in the residual stream
+        "positional": dict(model_type="positional_gpt2", position_embedding_type="none"),
+        # content attention; positions added to the input (Paper A concatenates a one-hot position, which a
+        # learned embedding added to the input matches up to the first linear map)
+        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned"),
+    }[kind]
+    config = AutoConfig.for_model(
+        **heads,
+        n_layer=depth, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner, n_positions=positions,
+        block_style=model.block_style, positional_encoding=model.positional_encoding, is_causal=model.is_causal,
+        attend_to_self=True, activation_function=model.activation_function, vocab_size=1, numeric_inputs=True,
+        num_labels=1, problem_type="regression", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    return AutoModelForTokenClassification.from_config(config)
+
+
+def train_and_evaluate(run: Run, task: str, experiment, model_args, training_args) -> dict:
+    set_seed(run.seed)
+    positions = experiment.length + int(experiment.scratchpad)
+    model = build_model(run.model, model_args, experiment.length, positions)
+    data = dict(length=experiment.length, low=experiment.train_low, high=experiment.train_high,
+                scratchpad=experiment.scratchpad)  # fmt: skip
+    train_set = InMemoryDataset(algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data))
+    optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, factor=experiment.plateau_factor, patience=experiment.plateau_patience,
+        min_lr=experiment.plateau_min_lr,
+    )  # fmt: skip
+    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, logging_strategy="epoch")
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
+                      callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
+    start = time.perf_counter()
+    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
+    seconds = time.perf_counter() - start
+
+    by_scale = {}
+    for scale in experiment.scales:
+        test_set = algorithmic_dataset(task, experiment.test_samples, scale=scale, seed=TEST_SEED + scale, **data)
+        predictions = trainer.predict(InMemoryDataset(test_set)).predictions[..., 0]
+        labels = test_set.with_format("numpy")[:]["labels"]
+        by_scale[str(scale)] = regression_metrics(predictions, labels, experiment.tolerance * scale)
+    model.config.use_cache = True  # Trainer turns it off for training
+    trainer.save_model(str(run.folder / "model"))
+    return {
+        "experiment": "algorithmic", "task": task, "model": run.model, "seed": run.seed,
+        "model_type": model.config.model_type, "parameters": model.num_parameters(),
+        "train_loss": train_output.training_loss, "train_seconds": seconds, "by_scale": by_scale,
+        "config": {"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
+                   "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs,
+                   "batch_size": training_args.per_device_train_batch_size},
+    }  # fmt: skip
+
+
+def write_report(task_folder: Path, task: str, runs: list[Run]) -> str:
+    results = [run.read_results() for run in runs if run.finished]
+    sections = [f"# {task}: MSE and accuracy by test range [-2c, 2c] ({len(results)} runs)"]
+    for metric, title, log_scale in (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False)):
+        summary = aggregate(results, metric)
+        sections.append(f"## {title} (mean and median over seeds)\n\n{markdown_table(summary)}")
+        plot_metric(summary, task_folder / f"{metric}.png", f"{task}: {title}", title, log_scale)
+    report = "\n\n".join(sections) + "\n"
+    (task_folder / "results.md").write_text(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
+    validate(experiment, model_args, training_args)
+    output_dir = Path(training_args.output_dir)
+    for task in experiment.tasks:
+        runs = [Run(output_dir / task / model / f"seed-{seed}", model, seed)
+                for model in experiment.models for seed in experiment.seeds]  # fmt: skip
+        for run in runs:
+            if run.finished:
+                print(f"{run.folder}: finished earlier, kept as it is")
+                continue
+            run.write_results(train_and_evaluate(run, task, experiment, model_args, training_args))
+            print(f"{run.folder}: done")
+        print(write_report(output_dir / task, task, runs))
+
+
+if __name__ == "__main__":
+    main()

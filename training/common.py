@@ -1,0 +1,38 @@
+"""Plumbing shared by the experiment scripts: one YAML config plus command-line overrides, parsed the HF way."""
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+
+def yaml_to_argv(path: Path) -> list[str]:
+    """A YAML mapping as `--key value ...` arguments, so that later command-line flags override it."""
+    config = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a mapping of field names to values, got {type(config).__name__}.")
+    argv = []
+    for key, value in config.items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            argv += [f"--{key}", *map(str, value)]
+        elif isinstance(value, dict):
+            argv += [f"--{key}", json.dumps(value)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
+    """`script.py CONFIG.yaml [--field value ...]`: every field is checked by argparse, unknown keys are errors."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = HfArgumentParser(dataclass_types)
+    if argv and argv[0].endswith((".yaml", ".yml")):
+        config_path = Path(argv[0])
+        if not config_path.is_file():
+            parser.error(f"config file {config_path} does not exist")
+        argv = yaml_to_argv(config_path) + argv[1:]
+    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
