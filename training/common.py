@@ -29,10 +29,15 @@ def yaml_to_argv(path: Path) -> list[str]:
 def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     """`script.py CONFIG.yaml [--field value ...]`: every field is checked by argparse, unknown keys are errors."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = HfArgumentParser(dataclass_types)
+    parser = HfArgumentParser(dataclass_types, allow_abbrev=False)  # a misspelt key must not match a prefix
     if argv and argv[0].endswith((".yaml", ".yml")):
         config_path = Path(argv[0])
         if not config_path.is_file():
             parser.error(f"config file {config_path} does not exist")
         argv = yaml_to_argv(config_path) + argv[1:]
-    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    *parsed, unknown = parser.parse_args_into_dataclasses(
+        args=argv, look_for_args_file=False, return_remaining_strings=True
+    )
+    if unknown:
+        parser.error(f"unrecognized arguments (no such field): {' '.join(unknown)}; see --help for every field")
+    return tuple(parsed)

@@ -1,0 +1,116 @@
+"""training/algorithmic.py end to end on tiny sizes: outputs, YAML configs, bad input, resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification, TrainingArguments
+
+import training.algorithmic as algorithmic
+from training.common import parse_config
+
+CONFIGS = sorted(Path(__file__).parents[1].glob("configs/algorithmic/*.yaml"))
+QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
+TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
+        "--num_train_epochs", "2", "--scales", "1", "3"]  # fmt: skip
+
+
+def tiny_run(output_dir: Path, *extra: str) -> None:
+    algorithmic.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
+def test_every_config_parses_and_validates(config):
+    experiment, model, training = parse_config(
+        (algorithmic.ExperimentArguments, algorithmic.ModelArguments, TrainingArguments), [str(config)]
+    )
+    algorithmic.validate(experiment, model, training)
+    assert experiment.tasks and experiment.models and training.learning_rate > 0
+
+
+def test_tiny_run_writes_results_table_plots_and_checkpoints(tmp_path):
+    tiny_run(tmp_path)
+    task = tmp_path / "cumulative_min"
+    for model in ("positional", "standard"):
+        results = json.loads((task / model / "seed-0" / "results.json").read_text())
+        assert results["model"] == model and set(results["by_scale"]) == {"1", "3"}
+        assert all(m["mse"] >= 0 and 0 <= m["accuracy"] <= 1 for m in results["by_scale"].values())
+        saved = AutoModelForTokenClassification.from_pretrained(task / model / "seed-0" / "model")
+        assert saved.config.use_cache and saved.config.model_type == results["model_type"]
+    report = (task / "results.md").read_text()
+    assert "| c | positional mean | positional median | standard mean | standard median |" in report
+    for plot in ("mse.png", "accuracy.png"):
+        assert (task / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_finished_runs_are_never_overwritten(tmp_path, capsys):
+    tiny_run(tmp_path)
+    results = tmp_path / "cumulative_min" / "positional" / "seed-0" / "results.json"
+    before = results.read_text()
+    tiny_run(tmp_path, "--learning_rate", "0.1")
+    assert results.read_text() == before
+    assert "finished earlier, kept as it is" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tasks", "cumulative_mode"], "invalid choice"),
+        (["--models", "transformer"], "invalid choice"),
+        (["--no_such_field", "3"], "unrecognized arguments"),
+        (["--block_style", "parallel"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_stop_before_training(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        tiny_run(tmp_path, *args)
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "cumulative_min").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--train_low", "2", "--train_high", "-2"], "train_low"), (["--scales", "0", "2"], "scales")],
+)
+def test_invalid_ranges_stop_before_training(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_run(tmp_path, *args)
+    assert not (tmp_path / "cumulative_min").exists()
+
+
+def test_unknown_yaml_key_and_missing_file(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("tasks: [cumulative_min]\nlearning_rat: 0.1\n")
+    with pytest.raises(SystemExit):
+        algorithmic.main([str(config), "--output_dir", str(tmp_path)])
+    assert "learning_rat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        algorithmic.main([str(tmp_path / "missing.yaml")])
+    assert "does not exist" in capsys.readouterr().err
+
+
+class CrashAfterFirstCheckpoint(algorithmic.Trainer):
+    """Saves the first checkpoint, then fails as a killed job would."""
+
+    def _save_checkpoint(self, *args, **kwargs):
+        super()._save_checkpoint(*args, **kwargs)
+        raise RuntimeError("simulated crash")
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    tiny_run(tmp_path / "uninterrupted", "--models", "positional")
+    interrupted = tmp_path / "interrupted"
+    with monkeypatch.context() as patch:
+        patch.setattr(algorithmic, "Trainer", CrashAfterFirstCheckpoint)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            tiny_run(interrupted, "--models", "positional")
+    run = interrupted / "cumulative_min" / "positional" / "seed-0"
+    assert (run / "checkpoint-4").is_dir() and not (run / "results.json").exists()
+    with pytest.raises(ValueError, match="--resume true"):  # never silently restarts over checkpoints
+        tiny_run(interrupted, "--models", "positional")
+    tiny_run(interrupted, "--models", "positional", "--resume", "true")
+    expected = json.loads((tmp_path / "uninterrupted/cumulative_min/positional/seed-0/results.json").read_text())
+    resumed = json.loads((run / "results.json").read_text())
+    for scale, metrics in expected["by_scale"].items():
+        torch.testing.assert_close(resumed["by_scale"][scale]["mse"], metrics["mse"], rtol=1e-5, atol=1e-7)
