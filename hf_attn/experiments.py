@@ -155,7 +155,12 @@ def markdown_table(summary: dict[str, dict[str, dict[str, float]]], scale_name: 
 
 
 def plot_metric(
-    summary: dict[str, dict[str, dict[str, float]]], path: Path, title: str, ylabel: str, log_scale: bool
+    summary: dict[str, dict[str, dict[str, float]]],
+    path: Path,
+    title: str,
+    ylabel: str,
+    log_scale: bool,
+    xlabel: str = "test range scale c (c = 1: training range)",
 ) -> None:
     """Mean over seeds against the scale, one line per model (median as a dashed line of the same colour)."""
     import matplotlib
@@ -171,7 +176,7 @@ def plot_metric(
         axes.plot(x, [by_scale[s]["median"] for s in scales], linestyle="--", color=line.get_color(), alpha=0.6)
     if log_scale:
         axes.set_yscale("log")
-    axes.set_xlabel("test range scale c (c = 1: training range)")
+    axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(alpha=0.3)
@@ -179,6 +184,18 @@ def plot_metric(
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def write_report(folder: Path, heading: str, results: list[dict], metrics: Sequence[tuple[str, str, bool]]) -> str:
+    """`results.md` (a table per metric, mean and median over seeds) and `{metric}.png` in `folder`."""
+    sections = [f"# {heading} ({len(results)} runs)"]
+    for metric, title, log_scale in metrics:
+        summary = aggregate(results, metric)
+        sections.append(f"## {title} (mean and median over seeds)\n\n{markdown_table(summary)}")
+        plot_metric(summary, folder / f"{metric}.png", f"{heading.split(':')[0]}: {title}", title, log_scale)
+    report = "\n\n".join(sections) + "\n"
+    (folder / "results.md").write_text(report)
+    return report
 
 
 __all__ = [
@@ -190,4 +207,5 @@ __all__ = [
     "markdown_table",
     "plot_metric",
     "summarize",
+    "write_report",
 ]

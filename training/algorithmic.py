@@ -14,6 +14,7 @@ accuracy.png} per task.
 """
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,14 +30,13 @@ from hf_attn.experiments import (
     InMemoryDataset,
     PlateauOnTrainingLoss,
     Run,
-    aggregate,
-    markdown_table,
-    plot_metric,
     regression_metrics,
+    write_report,
 )
-from training.common import parse_config
+from training.common import parse_config, run_all
 
 MODEL_KINDS = ("positional", "standard")
+METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
 TEST_SEED = 1_000_000  # test sets depend only on (task, c): every model and seed is tested on the same samples
 
 
@@ -168,18 +168,6 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     }  # fmt: skip
 
 
-def write_report(task_folder: Path, task: str, runs: list[Run]) -> str:
-    results = [run.read_results() for run in runs if run.finished]
-    sections = [f"# {task}: MSE and accuracy by test range [-2c, 2c] ({len(results)} runs)"]
-    for metric, title, log_scale in (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False)):
-        summary = aggregate(results, metric)
-        sections.append(f"## {title} (mean and median over seeds)\n\n{markdown_table(summary)}")
-        plot_metric(summary, task_folder / f"{metric}.png", f"{task}: {title}", title, log_scale)
-    report = "\n\n".join(sections) + "\n"
-    (task_folder / "results.md").write_text(report)
-    return report
-
-
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args, training_args)
@@ -187,13 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     for task in experiment.tasks:
         runs = [Run(output_dir / task / model / f"seed-{seed}", model, seed)
                 for model in experiment.models for seed in experiment.seeds]  # fmt: skip
-        for run in runs:
-            if run.finished:
-                print(f"{run.folder}: finished earlier, kept as it is")
-                continue
-            run.write_results(train_and_evaluate(run, task, experiment, model_args, training_args))
-            print(f"{run.folder}: done")
-        print(write_report(output_dir / task, task, runs))
+        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
+                                  training_args=training_args)  # fmt: skip
+        results = run_all(runs, train)
+        heading = f"{task}: MSE and accuracy by test range [{experiment.train_low}c, {experiment.train_high}c]"
+        print(write_report(output_dir / task, heading, results, METRICS))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from transformers import HfArgumentParser
+
+from hf_attn.experiments import Run
 
 
 def yaml_to_argv(path: Path) -> list[str]:
@@ -41,3 +44,14 @@ def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple
     if unknown:
         parser.error(f"unrecognized arguments (no such field): {' '.join(unknown)}; see --help for every field")
     return tuple(parsed)
+
+
+def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict]) -> list[dict]:
+    """Trains and evaluates every unfinished run; finished ones are kept as they are. Returns all results."""
+    for run in runs:
+        if run.finished:
+            print(f"{run.folder}: finished earlier, kept as it is")
+            continue
+        run.write_results(train_and_evaluate(run))
+        print(f"{run.folder}: done")
+    return [run.read_results() for run in runs]
