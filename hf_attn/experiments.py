@@ -186,13 +186,24 @@ def plot_metric(
     plt.close(figure)
 
 
-def write_report(folder: Path, heading: str, results: list[dict], metrics: Sequence[tuple[str, str, bool]]) -> str:
-    """`results.md` (a table per metric, mean and median over seeds) and `{metric}.png` in `folder`."""
+def write_report(
+    folder: Path,
+    heading: str,
+    results: list[dict],
+    metrics: Sequence[tuple[str, str, bool]],
+    scale_name: str = "c",
+    xlabel: str = "test range scale c (c = 1: training range)",
+) -> str:
+    """`results.md` (a table per `(metric, title, log_scale)`, mean and median over seeds) and `{metric}.png`.
+
+    Rows are the keys of each result's `by_scale` (named `scale_name`), columns its `model`.
+    """
     sections = [f"# {heading} ({len(results)} runs)"]
+    name = heading.split(":")[0]
     for metric, title, log_scale in metrics:
         summary = aggregate(results, metric)
-        sections.append(f"## {title} (mean and median over seeds)\n\n{markdown_table(summary)}")
-        plot_metric(summary, folder / f"{metric}.png", f"{heading.split(':')[0]}: {title}", title, log_scale)
+        sections.append(f"## {title} (mean and median over seeds)\n\n{markdown_table(summary, scale_name)}")
+        plot_metric(summary, folder / f"{metric}.png", f"{name}: {title}", title, log_scale, xlabel)
     report = "\n\n".join(sections) + "\n"
     (folder / "results.md").write_text(report)
     return report
