@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README:
-#   ./run.sh main    installs what it needs, then runs the main job (examples/demo.py)
+#   ./run.sh main    installs what it needs, then runs the quickstart (Paper A, cumulative min, positional vs standard)
 #   ./run.sh test    installs what it needs, then lints and runs the test suite offline (extra args go to pytest)
 # Uses the active virtual environment, or makes .venv. An installed torch is never replaced; without one, the
 # CPU build of torch 2.13.0 is installed first (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu where
@@ -19,7 +19,7 @@ fi
 "$python" -m pip install -q -e ".[dev,plots]"
 
 case "${1:-}" in
-  main) shift; "$python" examples/demo.py "$@" ;;
+  main) shift; "$python" -m training.algorithmic configs/algorithmic/min_cpu.yaml "$@" ;;
   test) shift; "$python" -m ruff check . && HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$python" -m pytest -q tests "$@" ;;
   *) echo "usage: ./run.sh main|test [args]" >&2; exit 2 ;;
 esac

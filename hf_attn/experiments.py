@@ -4,6 +4,7 @@ A run is one (model, seed) of one experiment; it writes `results.json` into its 
 experiment aggregates its runs' results into `results.md` (mean and median over seeds) and PNG plots.
 """
 
+import dataclasses
 import json
 import logging
 import math
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,27 @@ class InMemoryDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {name: column[index] for name, column in self.columns.items()}
+
+
+def plateau_trainer(model, train_set, run: Run, training_args, factor: float, patience: int, min_lr: float) -> Trainer:
+    """Paper A's optimisation: Adam without weight decay, ReduceLROnPlateau on each epoch's mean training loss."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=factor, patience=patience, min_lr=min_lr)
+    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, logging_strategy="epoch")
+    return Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
+                   callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
+
+
+def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scale: dict, **fields) -> dict:
+    """Saves the model (`run.folder/model`) and returns the run's results: what every family records, plus `fields`."""
+    model = trainer.model
+    model.config.use_cache = True  # Trainer turns it off for training; a saved model should decode with a cache
+    trainer.save_model(str(run.folder / "model"))
+    return {
+        "model": run.model, "seed": run.seed, "model_type": model.config.model_type,
+        "parameters": model.num_parameters(), "train_loss": train_output.training_loss, "train_seconds": seconds,
+        **fields, "by_scale": by_scale,
+    }  # fmt: skip
 
 
 class PlateauOnTrainingLoss(TrainerCallback):
@@ -213,6 +235,8 @@ __all__ = [
     "Run",
     "InMemoryDataset",
     "PlateauOnTrainingLoss",
+    "plateau_trainer",
+    "finish_run",
     "regression_metrics",
     "aggregate",
     "markdown_table",

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForTokenClassification, TrainingArguments
+from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
 
+import hf_attn.experiments
 import training.algorithmic as algorithmic
 from training.common import parse_config
 
@@ -90,7 +91,7 @@ def test_unknown_yaml_key_and_missing_file(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-class CrashAfterFirstCheckpoint(algorithmic.Trainer):
+class CrashAfterFirstCheckpoint(Trainer):
     """Saves the first checkpoint, then fails as a killed job would."""
 
     def _save_checkpoint(self, *args, **kwargs):
@@ -102,7 +103,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     tiny_run(tmp_path / "uninterrupted", "--models", "positional")
     interrupted = tmp_path / "interrupted"
     with monkeypatch.context() as patch:
-        patch.setattr(algorithmic, "Trainer", CrashAfterFirstCheckpoint)
+        patch.setattr(hf_attn.experiments, "Trainer", CrashAfterFirstCheckpoint)
         with pytest.raises(RuntimeError, match="simulated crash"):
             tiny_run(interrupted, "--models", "positional")
     run = interrupted / "cumulative_min" / "positional" / "seed-0"

@@ -20,16 +20,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
+from transformers import AutoConfig, AutoModelForTokenClassification, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
 from hf_attn.experiments import (
     InMemoryDataset,
-    PlateauOnTrainingLoss,
     Run,
+    finish_run,
+    plateau_trainer,
     regression_metrics,
     write_report,
 )
@@ -138,14 +138,8 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     data = dict(length=experiment.length, low=experiment.train_low, high=experiment.train_high,
                 scratchpad=experiment.scratchpad)  # fmt: skip
     train_set = InMemoryDataset(algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data))
-    optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        optimizer, factor=experiment.plateau_factor, patience=experiment.plateau_patience,
-        min_lr=experiment.plateau_min_lr,
-    )  # fmt: skip
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, logging_strategy="epoch")
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
-                      callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
+    trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
+                              experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     start = time.perf_counter()
     train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
     seconds = time.perf_counter() - start
@@ -156,16 +150,12 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
         predictions = trainer.predict(InMemoryDataset(test_set)).predictions[..., 0]
         labels = test_set.with_format("numpy")[:]["labels"]
         by_scale[str(scale)] = regression_metrics(predictions, labels, experiment.tolerance * scale)
-    model.config.use_cache = True  # Trainer turns it off for training
-    trainer.save_model(str(run.folder / "model"))
-    return {
-        "experiment": "algorithmic", "task": task, "model": run.model, "seed": run.seed,
-        "model_type": model.config.model_type, "parameters": model.num_parameters(),
-        "train_loss": train_output.training_loss, "train_seconds": seconds, "by_scale": by_scale,
-        "config": {"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                   "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs,
-                   "batch_size": training_args.per_device_train_batch_size},
-    }  # fmt: skip
+    return finish_run(
+        trainer, run, train_output, seconds, by_scale, experiment="algorithmic", task=task,
+        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
+                "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs,
+                "batch_size": training_args.per_device_train_batch_size},
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

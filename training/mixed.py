@@ -33,11 +33,12 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.trainer_utils import TrainOutput
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
-from hf_attn.experiments import InMemoryDataset, PlateauOnTrainingLoss, Run, write_report
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer, write_report
 from training.common import parse_config, run_all
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
@@ -168,18 +169,12 @@ def errors(predictions: np.ndarray, answers: np.ndarray) -> dict[str, float]:
     }
 
 
-def train_positional(run: Run, task: str, experiment, model_args, training_args) -> tuple[dict, object, float]:
+def train_positional(run: Run, task: str, experiment, model_args, training_args) -> tuple[dict, Trainer, TrainOutput]:
     vocab = CharVocab()
     model = positional_model(run.model, model_args, vocab.vocab_size)
     train_set = answer_at_position_zero(mixed_dataset(experiment.train_samples, task, seed=run.seed))
-    optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        optimizer, factor=experiment.plateau_factor, patience=experiment.plateau_patience,
-        min_lr=experiment.plateau_min_lr,
-    )  # fmt: skip
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, logging_strategy="epoch")
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
-                      callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
+    trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
+                              experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
     by_scale = {}
     for scale in experiment.scales:
@@ -189,10 +184,10 @@ def train_positional(run: Run, task: str, experiment, model_args, training_args)
         by_scale[str(scale)] = errors(
             predictions.astype(np.float64), test_rows.columns["labels"][:, 0].double().numpy()
         )
-    return by_scale, trainer, output.training_loss
+    return by_scale, trainer, output
 
 
-def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, object, float]:
+def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, Trainer, TrainOutput]:
     tokenizer = AutoTokenizer.from_pretrained(experiment.baseline_tokenizer or experiment.baseline_model)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(experiment.baseline_model)
@@ -219,7 +214,7 @@ def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, ob
                              seed=TEST_SEED + scale)  # fmt: skip
         predictions = greedy_answers(model, tokenizer, test["prompt"], experiment.max_new_tokens)
         by_scale[str(scale)] = errors(predictions, np.asarray(test["answer"], dtype=np.float64))
-    return by_scale, trainer, output.training_loss
+    return by_scale, trainer, output
 
 
 @torch.no_grad()
@@ -241,18 +236,14 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     set_seed(run.seed)
     start = time.perf_counter()
     if run.model == "gpt2":
-        by_scale, trainer, train_loss = train_gpt2(run, task, experiment, training_args)
+        by_scale, trainer, train_output = train_gpt2(run, task, experiment, training_args)
     else:
-        by_scale, trainer, train_loss = train_positional(run, task, experiment, model_args, training_args)
-    trainer.model.config.use_cache = True  # Trainer turns it off for training
-    trainer.save_model(str(run.folder / "model"))
-    return {
-        "experiment": "mixed", "task": task, "model": run.model, "seed": run.seed,
-        "model_type": trainer.model.config.model_type, "parameters": trainer.model.num_parameters(),
-        "train_loss": train_loss, "train_seconds": time.perf_counter() - start, "by_scale": by_scale,
-        "config": {"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                   "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs},
-    }  # fmt: skip
+        by_scale, trainer, train_output = train_positional(run, task, experiment, model_args, training_args)
+    return finish_run(
+        trainer, run, train_output, time.perf_counter() - start, by_scale, experiment="mixed", task=task,
+        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
+                "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs},
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
