@@ -25,7 +25,7 @@ import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.data.induction import IGNORE_INDEX
-from hf_attn.experiments import InMemoryDataset, Run, write_report
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, write_report
 from training.common import parse_config, run_all
 
 MODEL_KINDS = ("positional", "standard")
@@ -163,7 +163,10 @@ def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> dict[str, flo
     return metrics
 
 
-def train_and_evaluate(run: Run, depth: int, experiment, model_args, training_args) -> dict:
+def train_and_evaluate(
+    run: Run, depth: int, experiment: ExperimentArguments, model_args: ModelArguments, training_args: TrainingArguments
+) -> dict:
+    """Trains one (model, depth, seed) with Trainer's AdamW and returns its results, one depth-table row."""
     set_seed(run.seed)
     model = AutoModelForTokenClassification.from_config(model_config(run.model, depth, model_args, experiment))
     train_set = khop_dataset(experiment.train_samples, experiment.length, experiment.max_hops, "train", run.seed)
@@ -172,19 +175,13 @@ def train_and_evaluate(run: Run, depth: int, experiment, model_args, training_ar
     start = time.perf_counter()
     train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
     seconds = time.perf_counter() - start
-
-    metrics = evaluate(trainer, experiment)
-    model.config.use_cache = True  # Trainer turns it off for training
-    trainer.save_model(str(run.folder / "model"))
-    return {
-        "experiment": "induction", "model": run.model, "depth": depth, "seed": run.seed,
-        "model_type": model.config.model_type, "parameters": model.num_parameters(),
-        "train_loss": train_output.training_loss, "train_seconds": seconds,
-        "by_scale": {str(depth): metrics},  # one row of the report's depth table
-        "config": {"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                   "learning_rate": training_args.learning_rate, "max_steps": training_args.max_steps,
-                   "batch_size": training_args.per_device_train_batch_size},
-    }  # fmt: skip
+    return finish_run(
+        trainer, run, train_output, seconds, {str(depth): evaluate(trainer, experiment)},  # a row of the depth table
+        experiment="induction", depth=depth,
+        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
+                "learning_rate": training_args.learning_rate, "max_steps": training_args.max_steps,
+                "batch_size": training_args.per_device_train_batch_size},
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

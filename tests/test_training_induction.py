@@ -1,0 +1,165 @@
+"""training/induction.py end to end on tiny sizes: outputs, YAML configs, metrics, bad input, resume."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification, TrainingArguments
+from transformers.trainer_utils import PredictionOutput
+
+import training.induction as induction
+from hf_attn.data import InductionVocab
+from training.common import parse_config
+
+CONFIGS = sorted(Path(__file__).parents[1].glob("configs/induction/*.yaml"))
+CPU_CONFIG = str(Path(__file__).parents[1] / "configs/induction/cpu.yaml")
+TINY = ["--depths", "1", "2", "--length", "12", "--train_samples", "64", "--test_samples", "8", "--max_steps", "4",
+        "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--save_steps", "2"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread, several times so when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_run(output_dir: Path, *extra: str) -> None:
+    induction.main([CPU_CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
+def test_every_config_parses_and_validates(config):
+    experiment, model, training = parse_config(
+        (induction.ExperimentArguments, induction.ModelArguments, TrainingArguments), [str(config)]
+    )
+    induction.validate(experiment, model, training)
+    assert experiment.models and experiment.depths and training.max_steps > 0 and training.learning_rate > 0
+
+
+def test_tiny_run_writes_results_depth_table_plots_and_models(tmp_path):
+    tiny_run(tmp_path)
+    for model in ("positional", "standard"):
+        for depth in (1, 2):
+            run = tmp_path / model / f"depth-{depth}" / "seed-0"
+            results = json.loads((run / "results.json").read_text())
+            assert (results["model"], results["depth"]) == (model, depth) and list(results["by_scale"]) == [str(depth)]
+            metrics = results["by_scale"][str(depth)]
+            for split in ("id", "ood"):
+                per_hop = [metrics[f"accuracy_{split}_k{k}"] for k in range(4)]
+                assert all(0 <= a <= 1 for a in per_hop) and metrics[f"loss_{split}"] > 0
+                assert metrics[f"accuracy_{split}"] == pytest.approx(np.mean(per_hop))
+            saved = AutoModelForTokenClassification.from_pretrained(run / "model")
+            assert saved.config.use_cache and saved.config.n_layer == depth
+            assert saved.config.model_type == results["model_type"]
+            assert saved.config.num_labels == InductionVocab(3).vocab_size
+    report = (tmp_path / "results.md").read_text()
+    assert "| depth | positional mean | positional median | standard mean | standard median |" in report
+    assert "\n| 1 | " in report and "\n| 2 | " in report
+    for metric, _, _ in induction.report_metrics(3):
+        assert (tmp_path / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class FixedPredictions:
+    """Stands in for a Trainer: logits that pick `predict(labels)` at every position."""
+
+    def __init__(self, predict):
+        self.predict_ids = predict
+
+    def predict(self, dataset):
+        labels = dataset.columns["labels"]
+        ids = self.predict_ids(labels)
+        logits = torch.nn.functional.one_hot(ids, InductionVocab(3).vocab_size).float()  # (N, T, V)
+        return PredictionOutput(logits.numpy(), labels.numpy(), {"test_loss": 0.5})
+
+
+def test_accuracy_counts_labelled_positions_only():
+    experiment = induction.ExperimentArguments(length=20, test_samples=16)
+    perfect = induction.evaluate(FixedPredictions(lambda labels: labels.clamp(min=0)), experiment)
+    assert perfect["accuracy_id"] == perfect["accuracy_ood"] == 1.0  # the hop token's -100 is not a miss
+    no_answer = InductionVocab(3).no_answer_id
+    abstain = induction.evaluate(FixedPredictions(lambda labels: torch.full_like(labels, no_answer)), experiment)
+    assert abstain["accuracy_id_k0"] == 0.0  # k = 0 copies the character: always answerable
+    assert 0 < abstain["accuracy_id_k3"] < 1
+
+
+def test_finished_runs_are_never_overwritten(tmp_path, capsys):
+    tiny_run(tmp_path, "--models", "standard", "--depths", "1")
+    results = tmp_path / "standard" / "depth-1" / "seed-0" / "results.json"
+    before = results.read_text()
+    tiny_run(tmp_path, "--models", "standard", "--depths", "1", "--learning_rate", "0.1")
+    assert results.read_text() == before
+    assert "finished earlier, kept as it is" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--models", "transformer"], "invalid choice"),
+        (["--no_such_field", "3"], "unrecognized arguments"),
+        (["--block_style", "parallel"], "invalid choice"),
+        (["--depths", "two"], "invalid int value"),
+    ],
+)
+def test_bad_arguments_stop_before_training(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        tiny_run(tmp_path, *args)
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "args,messages",
+    [
+        (["--depths", "0", "2"], ["depths must all be >= 1"]),
+        (["--depths", "2", "2", "--length", "0"], ["no value twice", "length must be >= 1"]),  # all at once
+        (["--max_steps", "-1"], ["max_steps"]),
+        (["--n_head", "7"], ["model 'positional'", "model 'standard'", "n_embd"]),
+        (["--positional_encoding", "binary", "--positional_qk_dim", "0"], ["positional_qk_dim"]),
+    ],
+)
+def test_invalid_values_stop_before_training(tmp_path, args, messages):
+    with pytest.raises(ValueError) as error:
+        tiny_run(tmp_path, *args)
+    assert all(message in str(error.value) for message in messages)
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_yaml_key(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("depths: [1]\nlearning_rat: 0.1\n")
+    with pytest.raises(SystemExit):
+        induction.main([str(config), "--output_dir", str(tmp_path / "out")])
+    assert "learning_rat" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+class CrashAfterFirstCheckpoint(induction.Trainer):
+    """Saves the first checkpoint, then fails as a killed job would."""
+
+    def _save_checkpoint(self, *args, **kwargs):
+        super()._save_checkpoint(*args, **kwargs)
+        raise RuntimeError("simulated crash")
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    one_run = ("--models", "standard", "--depths", "2")
+    tiny_run(tmp_path / "uninterrupted", *one_run)
+    interrupted = tmp_path / "interrupted"
+    with monkeypatch.context() as patch:
+        patch.setattr(induction, "Trainer", CrashAfterFirstCheckpoint)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            tiny_run(interrupted, *one_run)
+    run = interrupted / "standard" / "depth-2" / "seed-0"
+    assert (run / "checkpoint-2").is_dir() and not (run / "results.json").exists()
+    with pytest.raises(ValueError, match="--resume true"):  # never silently restarts over checkpoints
+        tiny_run(interrupted, *one_run)
+    tiny_run(interrupted, *one_run, "--resume", "true")
+    expected = json.loads((tmp_path / "uninterrupted/standard/depth-2/seed-0/results.json").read_text())
+    resumed = json.loads((run / "results.json").read_text())
+    for name, value in expected["by_scale"]["2"].items():
+        torch.testing.assert_close(resumed["by_scale"]["2"][name], value, rtol=1e-5, atol=1e-7)
