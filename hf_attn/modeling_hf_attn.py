@@ -104,10 +104,16 @@ class HfAttnModel(HfAttnPreTrainedModel):
         return torch.where(numeric_mask[..., None].bool(), numbers, embeds)
 
     def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> torch.Tensor:
-        """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding."""
+        """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding.
+
+        One row for the whole batch unless some row is left-padded: then positional heads' weights stay one
+        tensor for the batch (right padding, the usual training case, only masks keys).
+        """
+        shared = torch.arange(past_length + length, device=device)[None]
         if attention_mask is None:
-            return torch.arange(past_length + length, device=device)[None]
-        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            return shared
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return shared if bool(((positions == shared) | (attention_mask == 0)).all()) else positions
 
     def check_positions(self, position_ids: torch.Tensor) -> None:
         config = self.config

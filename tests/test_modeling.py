@@ -165,3 +165,14 @@ def test_sequence_longer_than_positions_is_refused():
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", n_positions=8))
     with pytest.raises(ValueError, match="n_positions"):
         model(torch.randint(0, 37, (1, 9)))
+
+
+def test_positions_are_one_row_for_the_batch_unless_left_padded():
+    """Right padding only masks keys, so positional heads keep one weight tensor for the whole batch."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(tiny_config("positional_gpt2"))
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    assert model.position_ids_from(right, 0, 4, "cpu").tolist() == [[0, 1, 2, 3]]
+    assert model.position_ids_from(left, 0, 4, "cpu").tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
