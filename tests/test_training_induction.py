@@ -45,7 +45,7 @@ def test_tiny_run_writes_results_depth_table_plots_and_models(tmp_path):
     tiny_run(tmp_path)
     for model in ("positional", "standard"):
         for depth in (1, 2):
-            run = tmp_path / model / f"depth-{depth}" / "seed-0"
+            run = tmp_path / f"depth-{depth}" / model / "seed-0"
             results = json.loads((run / "results.json").read_text())
             assert (results["model"], results["depth"]) == (model, depth) and list(results["by_scale"]) == [str(depth)]
             metrics = results["by_scale"][str(depth)]
@@ -89,7 +89,7 @@ def test_accuracy_counts_labelled_positions_only():
 
 def test_finished_runs_are_never_overwritten(tmp_path, capsys):
     tiny_run(tmp_path, "--models", "standard", "--depths", "1")
-    results = tmp_path / "standard" / "depth-1" / "seed-0" / "results.json"
+    results = tmp_path / "depth-1" / "standard" / "seed-0" / "results.json"
     before = results.read_text()
     tiny_run(tmp_path, "--models", "standard", "--depths", "1", "--learning_rate", "0.1")
     assert results.read_text() == before
@@ -154,12 +154,12 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
         patch.setattr(induction, "Trainer", CrashAfterFirstCheckpoint)
         with pytest.raises(RuntimeError, match="simulated crash"):
             tiny_run(interrupted, *one_run)
-    run = interrupted / "standard" / "depth-2" / "seed-0"
+    run = interrupted / "depth-2" / "standard" / "seed-0"
     assert (run / "checkpoint-2").is_dir() and not (run / "results.json").exists()
     with pytest.raises(ValueError, match="--resume true"):  # never silently restarts over checkpoints
         tiny_run(interrupted, *one_run)
     tiny_run(interrupted, *one_run, "--resume", "true")
-    expected = json.loads((tmp_path / "uninterrupted/standard/depth-2/seed-0/results.json").read_text())
+    expected = json.loads((tmp_path / "uninterrupted/depth-2/standard/seed-0/results.json").read_text())
     resumed = json.loads((run / "results.json").read_text())
     for name, value in expected["by_scale"]["2"].items():
         torch.testing.assert_close(resumed["by_scale"]["2"][name], value, rtol=1e-5, atol=1e-7)

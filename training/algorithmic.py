@@ -13,7 +13,6 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
-import dataclasses
 import functools
 import math
 import time
@@ -33,7 +32,7 @@ from hf_attn.experiments import (
     regression_metrics,
     write_report,
 )
-from training.common import parse_config, run_all
+from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
@@ -152,9 +151,7 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
         by_scale[str(scale)] = regression_metrics(predictions, labels, experiment.tolerance * scale)
     return finish_run(
         trainer, run, train_output, seconds, by_scale, experiment="algorithmic", task=task,
-        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs,
-                "batch_size": training_args.per_device_train_batch_size},
+        config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
 
@@ -163,8 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     validate(experiment, model_args, training_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        runs = [Run(output_dir / task / model / f"seed-{seed}", model, seed)
-                for model in experiment.models for seed in experiment.seeds]  # fmt: skip
+        runs = runs_for(output_dir / task, experiment.models, experiment.seeds)
         train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
         results = run_all(runs, train)

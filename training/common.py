@@ -1,5 +1,6 @@
 """Plumbing shared by the experiment scripts: one YAML config plus command-line overrides, parsed the HF way."""
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -55,3 +56,20 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict]) -> list[
         run.write_results(train_and_evaluate(run))
         print(f"{run.folder}: done")
     return [run.read_results() for run in runs]
+
+
+def runs_for(folder: Path, models: list[str], seeds: list[int]) -> list[Run]:
+    """One run per model and seed, in `folder/MODEL/seed-S`."""
+    return [Run(folder / model / f"seed-{seed}", model, seed) for model in models for seed in seeds]
+
+
+def run_config(experiment, model_args, training_args) -> dict:
+    """What a run's results.json records of its configuration."""
+    return {
+        "experiment": dataclasses.asdict(experiment),
+        "model": dataclasses.asdict(model_args),
+        "training": {name: getattr(training_args, name) for name in TRAINING_FIELDS},
+    }
+
+
+TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "seed")

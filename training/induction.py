@@ -9,7 +9,7 @@ standard attention solves it in distribution with about 3 layers, positional att
     python -m training.induction configs/induction/cpu.yaml --depths 4 5 --seeds 0 1
     python -m training.induction configs/induction/cpu.yaml --resume true     # continue interrupted runs
 
-Writes OUTPUT_DIR/MODEL/depth-D/seed-S/{results.json, model/} per run and OUTPUT_DIR/{results.md, *.png}.
+Writes OUTPUT_DIR/depth-D/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/{results.md, *.png}.
 """
 
 import dataclasses
@@ -26,7 +26,7 @@ from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.data.induction import IGNORE_INDEX
 from hf_attn.experiments import InMemoryDataset, Run, finish_run, write_report
-from training.common import parse_config, run_all
+from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (  # (key, title, log scale); per-k accuracy in distribution is added by `report_metrics`
@@ -178,9 +178,7 @@ def train_and_evaluate(
     return finish_run(
         trainer, run, train_output, seconds, {str(depth): evaluate(trainer, experiment)},  # a row of the depth table
         experiment="induction", depth=depth,
-        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                "learning_rate": training_args.learning_rate, "max_steps": training_args.max_steps,
-                "batch_size": training_args.per_device_train_batch_size},
+        config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
 
@@ -190,8 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     output_dir = Path(training_args.output_dir)
     results = []
     for depth in experiment.depths:
-        runs = [Run(output_dir / model / f"depth-{depth}" / f"seed-{seed}", model, seed)
-                for model in experiment.models for seed in experiment.seeds]  # fmt: skip
+        runs = runs_for(output_dir / f"depth-{depth}", experiment.models, experiment.seeds)
         train = functools.partial(train_and_evaluate, depth=depth, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
         results += run_all(runs, train)

@@ -39,7 +39,7 @@ import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
 from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer, write_report
-from training.common import parse_config, run_all
+from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
 METRICS = (("mse", "MSE", True), ("mape", "MAPE", True), ("unparsed", "share of unparseable answers", False))
@@ -241,8 +241,7 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
         by_scale, trainer, train_output = train_positional(run, task, experiment, model_args, training_args)
     return finish_run(
         trainer, run, train_output, time.perf_counter() - start, by_scale, experiment="mixed", task=task,
-        config={"experiment": dataclasses.asdict(experiment), "model": dataclasses.asdict(model_args),
-                "learning_rate": training_args.learning_rate, "epochs": training_args.num_train_epochs},
+        config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
 
@@ -251,8 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     validate(experiment, model_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        runs = [Run(output_dir / task / model / f"seed-{seed}", model, seed)
-                for model in experiment.models for seed in experiment.seeds]  # fmt: skip
+        runs = runs_for(output_dir / task, experiment.models, experiment.seeds)
         train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
         results = run_all(runs, train)
