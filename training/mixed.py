@@ -92,6 +92,9 @@ class ModelArguments:
     positional_encoding: str = field(
         default="onehot", metadata={"help": "P of positional heads (Paper A: onehot).", "choices": POSITIONAL_ENCODINGS}
     )
+    positional_qk_dim: int | None = field(
+        default=None, metadata={"help": "Query/key width of positional heads; default d_P (Paper A's code)."}
+    )
     activation_function: str = field(default="relu", metadata={"help": "MLP activation (Paper A: relu)."})
 
 
@@ -139,6 +142,7 @@ def positional_model(kind: str, model: ModelArguments, vocab_size: int):
         **heads,
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner,
         n_positions=model.n_positions, block_style=model.block_style, positional_encoding=model.positional_encoding,
+        positional_qk_dim=model.positional_qk_dim,
         activation_function=model.activation_function, is_causal=False, attend_to_self=True,
         vocab_size=vocab_size, numeric_inputs=True, num_labels=1, problem_type="regression",
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=0,
