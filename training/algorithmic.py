@@ -13,7 +13,6 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,9 +29,8 @@ from hf_attn.experiments import (
     finish_run,
     plateau_trainer,
     regression_metrics,
-    write_report,
 )
-from training.common import parse_config, run_all, run_config, runs_for
+from training.common import parse_config, run_config, run_experiment
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
@@ -160,12 +158,19 @@ def main(argv: list[str] | None = None) -> None:
     validate(experiment, model_args, training_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        runs = runs_for(output_dir / task, experiment.models, experiment.seeds)
-        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
-                                  training_args=training_args)  # fmt: skip
-        results = run_all(runs, train)
         heading = f"{task}: MSE and accuracy by test range [{experiment.train_low}c, {experiment.train_high}c]"
-        print(write_report(output_dir / task, heading, results, METRICS))
+        run_experiment(
+            output_dir / task,
+            experiment.models,
+            experiment.seeds,
+            train_and_evaluate,
+            heading,
+            METRICS,
+            task=task,
+            experiment=experiment,
+            model_args=model_args,
+            training_args=training_args,
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Plumbing shared by the experiment scripts: one YAML config plus command-line overrides, parsed the HF way."""
 
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from hf_attn.experiments import Run
+from hf_attn.experiments import Run, write_report
 
 
 def yaml_to_argv(path: Path) -> list[str]:
@@ -73,3 +74,10 @@ def run_config(experiment, model_args, training_args) -> dict:
 
 
 TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "seed")
+
+
+def run_experiment(folder: Path, models: list[str], seeds: list[int], train_and_evaluate, heading: str, metrics,
+                   **arguments) -> None:  # fmt: skip
+    """Every (model, seed) run of one experiment in `folder`, then its report (printed and in results.md)."""
+    results = run_all(runs_for(folder, models, seeds), functools.partial(train_and_evaluate, **arguments))
+    print(write_report(folder, heading, results, metrics))

@@ -15,7 +15,6 @@ mape.png} per task.
 """
 
 import dataclasses
-import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,8 +37,8 @@ from transformers.trainer_utils import TrainOutput
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer, write_report
-from training.common import parse_config, run_all, run_config, runs_for
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer
+from training.common import parse_config, run_config, run_experiment
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
 METRICS = (("mse", "MSE", True), ("mape", "MAPE", True), ("unparsed", "share of unparseable answers", False))
@@ -254,12 +253,19 @@ def main(argv: list[str] | None = None) -> None:
     validate(experiment, model_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        runs = runs_for(output_dir / task, experiment.models, experiment.seeds)
-        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
-                                  training_args=training_args)  # fmt: skip
-        results = run_all(runs, train)
         heading = f"mixed {task}: errors by test price range [0, 5c], unseen category names"
-        print(write_report(output_dir / task, heading, results, METRICS))
+        run_experiment(
+            output_dir / task,
+            experiment.models,
+            experiment.seeds,
+            train_and_evaluate,
+            heading,
+            METRICS,
+            task=task,
+            experiment=experiment,
+            model_args=model_args,
+            training_args=training_args,
+        )
 
 
 if __name__ == "__main__":
