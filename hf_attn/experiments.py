@@ -136,6 +136,41 @@ def regression_metrics(predictions: np.ndarray, labels: np.ndarray, tolerance: f
     }
 
 
+@torch.no_grad()
+def perplexity(model, token_ids, context_length: int, stride: int, batch_size: int = 8) -> dict[str, float]:
+    """exp(mean token NLL) over one token stream, every token but the first predicted exactly once.
+
+    The stream is scored in chunks of `stride` tokens; each chunk is read in a window of the `context_length`
+    tokens ending with it, so every scored token sees at least `context_length - stride` earlier tokens (all of
+    them near the start). Not `exp(eval_loss)`, which weights blocks rather than tokens.
+    """
+    if not 1 <= stride < context_length:
+        raise ValueError(f"`stride` must be in [1, context_length={context_length}), got {stride}.")
+    token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+    windows = []  # (start, end, first): read token_ids[start:end], score token_ids[first:end]
+    for first in range(1, len(token_ids), stride):
+        end = min(first + stride, len(token_ids))
+        windows.append((max(0, end - context_length), end, first))
+    model.eval()
+    total_nll, total_tokens = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        width = max(end - start for start, end, _ in batch)
+        inputs = torch.zeros(len(batch), width, dtype=torch.long)
+        targets = torch.full((len(batch), width), -100, dtype=torch.long)
+        for row, (start, end, first) in enumerate(batch):
+            inputs[row, : end - start] = token_ids[start:end]
+            targets[row, first - start : end - start] = token_ids[first:end]
+        logits = model(input_ids=inputs.to(model.device)).logits[:, :-1].float()  # position t predicts t + 1
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1).to(logits.device), reduction="sum"
+        )
+        total_nll += nll.item()
+        total_tokens += int((targets[:, 1:] != -100).sum())
+    mean_nll = total_nll / total_tokens
+    return {"perplexity": math.exp(mean_nll), "mean_nll": mean_nll, "tokens": total_tokens}
+
+
 # --- tables and plots ------------------------------------------------------------------------------------------
 
 
@@ -238,6 +273,7 @@ __all__ = [
     "plateau_trainer",
     "finish_run",
     "regression_metrics",
+    "perplexity",
     "aggregate",
     "markdown_table",
     "plot_metric",
