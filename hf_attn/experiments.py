@@ -196,10 +196,19 @@ def _format(value: float) -> str:
     return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e3) else f"{value:.3f}"
 
 
+def row_order(summary: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Numeric row keys (c, depth) in numeric order; names (variants) in order of first appearance."""
+    rows = list(dict.fromkeys(row for by_row in summary.values() for row in by_row))
+    try:
+        return sorted(rows, key=float)
+    except ValueError:
+        return rows
+
+
 def markdown_table(summary: dict[str, dict[str, dict[str, float]]], scale_name: str = "c") -> str:
     """One row per scale, mean and median over seeds per model: `| c | positional mean | positional median | ...`."""
     models = list(summary)
-    scales = sorted({s for by_scale in summary.values() for s in by_scale}, key=float)
+    scales = row_order(summary)
     header = f"| {scale_name} | " + " | ".join(f"{m} mean | {m} median" for m in models) + " |"
     lines = [header, "|" + "---|" * (1 + 2 * len(models))]
     for scale in scales:
@@ -227,7 +236,7 @@ def plot_metric(
 
     figure, axes = plt.subplots(figsize=(6, 4))
     for model, by_scale in summary.items():
-        scales = sorted(by_scale, key=float)
+        scales = [s for s in row_order(summary) if s in by_scale]
         x = [float(s) for s in scales]
         (line,) = axes.plot(x, [by_scale[s]["mean"] for s in scales], marker="o", label=f"{model} (mean)")
         axes.plot(x, [by_scale[s]["median"] for s in scales], linestyle="--", color=line.get_color(), alpha=0.6)
@@ -237,6 +246,29 @@ def plot_metric(
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_bars(summary: dict[str, dict[str, dict[str, float]]], path: Path, title: str, ylabel: str) -> None:
+    """Grouped bars of the mean over seeds: one group per row (variant), one bar per model (column)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, models = row_order(summary), list(summary)
+    width = 0.8 / len(models)
+    figure, axes = plt.subplots(figsize=(max(6, 0.9 * len(rows) * len(models)), 4))
+    for i, model in enumerate(models):
+        means = [summary[model].get(row, {"mean": math.nan})["mean"] for row in rows]
+        axes.bar([r + i * width for r in range(len(rows))], means, width, label=model)
+    axes.set_xticks([r + 0.4 - width / 2 for r in range(len(rows))], rows)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(axis="y", alpha=0.3)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -277,6 +309,7 @@ __all__ = [
     "aggregate",
     "markdown_table",
     "plot_metric",
+    "plot_bars",
     "summarize",
     "write_report",
 ]

@@ -1,6 +1,14 @@
-"""Seeded, vectorised generators of Paper A's tasks: algorithmic regression, k-hop induction, mixed text+numbers."""
+"""Seeded data for the experiments: Paper A's tasks, Paper B's formal languages and WikiText-2."""
 
 from .algorithmic import ALGORITHMIC_TASKS, algorithmic_dataset, algorithmic_targets, sample_subranges, sample_values
+from .formal_languages import (
+    ALPHABETS,
+    LANGUAGES,
+    FormalLanguageVocab,
+    formal_language_dataset,
+    recognizer,
+    sample_strings,
+)
 from .induction import InductionVocab, khop_dataset, khop_targets
 from .mixed import (
     MIXED_TASKS,
@@ -13,13 +21,25 @@ from .mixed import (
     render_text_with_answer,
     sample_mixed,
 )
+from .wikitext import WIKITEXT_FILES, WikiTextSplits, language_modelling_blocks, load_wikitext, tokenize_text
 
 __all__ = [
+    "WIKITEXT_FILES",
+    "WikiTextSplits",
+    "language_modelling_blocks",
+    "load_wikitext",
+    "tokenize_text",
     "ALGORITHMIC_TASKS",
     "algorithmic_dataset",
     "algorithmic_targets",
     "sample_subranges",
     "sample_values",
+    "ALPHABETS",
+    "LANGUAGES",
+    "FormalLanguageVocab",
+    "formal_language_dataset",
+    "recognizer",
+    "sample_strings",
     "InductionVocab",
     "khop_dataset",
     "khop_targets",
