@@ -1,0 +1,62 @@
+"""training/wikitext.py end to end on a few thousand tokens of the offline WikiText-2 files."""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, TrainingArguments
+
+import training.wikitext as wikitext
+from training.common import parse_config
+
+ROOT = Path(__file__).parents[1]
+CONFIG = str(ROOT / "configs/wikitext/cpu.yaml")
+SHARED = ROOT.parent / "shared" / "data"
+TINY = ["--data_dir", str(SHARED / "wikitext-2-raw"), "--tokenizer", str(SHARED / "gpt2-tokenizer"),
+        "--max_train_tokens", "2048", "--max_eval_tokens", "512", "--block_size", "32", "--eval_stride", "16",
+        "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--num_train_epochs", "1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", sorted(ROOT.glob("configs/wikitext/*.yaml")), ids=lambda path: path.name)
+def test_every_config_parses(config):
+    experiment, model, _ = parse_config(
+        (wikitext.ExperimentArguments, wikitext.ModelArguments, TrainingArguments), [str(config)]
+    )
+    assert all(wikitext.parse_variant(v) for v in experiment.variants)
+
+
+def test_tiny_run_writes_results_table_and_bar_plot(tmp_path):
+    wikitext.main([CONFIG, "--output_dir", str(tmp_path), "--variants", "global", "hybrid-1", *TINY])
+    for variant in ("global", "hybrid-1"):
+        results = json.loads((tmp_path / "learned" / variant / "seed-0" / "results.json").read_text())
+        scores = results["by_scale"][variant]
+        assert scores["tokens"] == 511 and scores["perplexity"] > 1
+        assert "REDUCED PROTOCOL" in results["protocol"]
+        assert AutoModelForCausalLM.from_pretrained(
+            tmp_path / "learned" / variant / "seed-0" / "model"
+        ).config.use_cache
+    report = (tmp_path / "results.md").read_text()
+    assert "REDUCED PROTOCOL" in report and "| variant | learned mean | learned median |" in report
+    assert (tmp_path / "perplexity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_variants_have_the_same_parameter_count(tmp_path):
+    model_args = wikitext.ModelArguments(n_layer=2, n_embd=32, n_head=4)
+    counts = {v: wikitext.build_model(v, "rope", model_args, 100, 64).num_parameters()
+              for v in ("global", "local-1", "hybrid-1", "hybrid-4")}  # fmt: skip
+    assert len(set(counts.values())) == 1, counts
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--variants", "sparse-2"], "variant 'sparse-2'"),
+        (["--data_dir", "/no/such/folder"], "/no/such/folder.*wikitext-2-raw"),
+        (["--eval_stride", "32"], "eval_stride"),
+        (["--vocab_size", "1000"], "does not match the model's vocabulary"),
+    ],
+)
+def test_bad_input_stops_before_training(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
+        wikitext.main([CONFIG, "--output_dir", str(tmp_path), *TINY, *args])
+    assert not (tmp_path / "learned").exists()

@@ -1,0 +1,179 @@
+"""Paper B, WikiText-2 perplexity: global-only, local-only and hybrid attention under three position encodings.
+
+Every variant has the same shape and, for a given position encoding, the same parameter count; only which heads
+are global or k-local changes. Paper B: hybrid with k = 1 has the lowest perplexity under every encoding.
+Perplexity is exp(mean token NLL) over the whole evaluation split, read in sliding windows of `block_size`
+tokens that advance by `eval_stride` (every token but the first is scored once, with at least
+block_size - eval_stride tokens of context); see `hf_attn.experiments.perplexity`.
+
+    python -m training.wikitext configs/wikitext/cpu.yaml                    # offline: reduced protocol
+    python -m training.wikitext configs/wikitext/paper.yaml                  # online: Hub data and tokenizer
+
+Writes OUTPUT_DIR/POSITIONS/VARIANT/seed-S/{results.json, model/} per run and OUTPUT_DIR/{results.md,
+perplexity.png}. Offline without the train split, every output says REDUCED PROTOCOL (trained on validation,
+evaluated on test).
+"""
+
+import dataclasses
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+
+import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn.configuration_hf_attn import BLOCK_STYLES
+from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
+from hf_attn.experiments import InMemoryDataset, Run, aggregate, finish_run, markdown_table, perplexity, plot_bars
+from training.common import parse_config, run_all, run_config, runs_for
+
+POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
+VARIANT_PATTERN = re.compile(r"^(global|local-(\d+)|hybrid-(\d+))$")
+
+
+@dataclass
+class ExperimentArguments:
+    variants: list[str] = field(
+        default_factory=lambda: ["global", "local-1", "local-2", "local-4", "hybrid-1", "hybrid-2", "hybrid-4"],
+        metadata={"help": "`global`, `local-K` (every head K-local) or `hybrid-K` (half global, half K-local)."},
+    )
+    position_embeddings: list[str] = field(
+        default_factory=lambda: list(POSITION_EMBEDDINGS),
+        metadata={"help": "Residual-stream position encodings to compare.", "choices": POSITION_EMBEDDINGS},
+    )
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per variant and seed."})
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder of wiki.{train,valid,test}.raw; unset: the Hub's wikitext-2-raw-v1 (online)."},
+    )
+    tokenizer: str = field(default="gpt2", metadata={"help": "GPT-2 tokenizer: Hub id or local folder."})
+    block_size: int = field(default=1024, metadata={"help": "Training and evaluation context length in tokens."})
+    eval_stride: int | None = field(
+        default=None, metadata={"help": "Tokens scored per evaluation window; default block_size / 2."}
+    )
+    max_train_tokens: int | None = field(default=None, metadata={"help": "Use only the first N training tokens."})
+    max_eval_tokens: int | None = field(default=None, metadata={"help": "Evaluate on only the first N tokens."})
+    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+
+@dataclass
+class ModelArguments:
+    n_layer: int = field(default=12, metadata={"help": "Depth (GPT-2 small: 12)."})
+    n_embd: int = field(default=768, metadata={"help": "Width (GPT-2 small: 768)."})
+    n_head: int = field(default=12, metadata={"help": "Heads per layer (GPT-2 small: 12)."})
+    block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
+    attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
+    vocab_size: int | None = field(default=None, metadata={"help": "Embedding rows; default the tokenizer's size."})
+
+
+def parse_variant(variant: str) -> dict:
+    """`global` / `local-K` / `hybrid-K` as config fields."""
+    match = VARIANT_PATTERN.match(variant)
+    if match is None:
+        raise ValueError(f"variant {variant!r} must be `global`, `local-K` or `hybrid-K` with K >= 1")
+    if variant == "global":
+        return dict(model_type="hybrid_gpt2", num_local_heads=0)
+    window = int(match.group(2) or match.group(3))
+    if window < 1:
+        raise ValueError(f"variant {variant!r}: the window K must be >= 1")
+    return dict(model_type="local_gpt2" if match.group(2) else "hybrid_gpt2", local_window=window)
+
+
+def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
+    """Every problem at once, before data or the tokenizer are loaded."""
+    problems = []
+    for variant in experiment.variants:
+        try:
+            parse_variant(variant)
+        except ValueError as error:
+            problems.append(str(error))
+    if experiment.block_size < 2:
+        problems.append(f"block_size must be >= 2, got {experiment.block_size}")
+    stride = experiment.eval_stride
+    if stride is not None and not 1 <= stride < experiment.block_size:
+        problems.append(f"eval_stride must be in [1, block_size={experiment.block_size}), got {stride}")
+    if model.n_embd % model.n_head:
+        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if experiment.data_dir is not None and not Path(experiment.data_dir).is_dir():
+        problems.append(
+            f"data_dir {experiment.data_dir} is not a folder; offline use ../shared/data/wikitext-2-raw, "
+            "online leave data_dir unset to download from the Hub"
+        )
+    if problems:
+        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def build_model(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
+    config = AutoConfig.for_model(
+        **parse_variant(variant),
+        n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=block_size,
+        block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
+        vocab_size=vocab_size, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config)
+
+
+def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, training_args) -> dict:
+    set_seed(run.seed)
+    model = build_model(run.model, positions, model_args, data["vocab_size"], experiment.block_size)
+    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed)
+    trainer = Trainer(model=model, args=args, train_dataset=data["train"])
+    start = time.perf_counter()
+    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
+    seconds = time.perf_counter() - start
+    stride = experiment.eval_stride or experiment.block_size // 2
+    scores = perplexity(
+        model, data["eval_ids"], experiment.block_size, stride, training_args.per_device_eval_batch_size
+    )
+    return finish_run(
+        trainer, run, train_output, seconds, {run.model: scores}, experiment="wikitext", positions=positions,
+        protocol=data["description"], context_length=experiment.block_size, eval_stride=stride,
+        config=run_config(experiment, model_args, training_args),
+    )  # fmt: skip
+
+
+def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
+    splits = load_wikitext(experiment.data_dir)
+    tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer)
+    vocab_size = model.vocab_size or len(tokenizer)
+    if vocab_size < len(tokenizer):
+        raise ValueError(
+            f"vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens "
+            f"({experiment.tokenizer}): the tokenizer does not match the model's vocabulary."
+        )
+    train_ids = tokenize_text(splits.train_text, tokenizer)[: experiment.max_train_tokens]
+    eval_ids = tokenize_text(splits.eval_text, tokenizer)[: experiment.max_eval_tokens]
+    train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
+    return {"train": train, "eval_ids": eval_ids, "vocab_size": vocab_size, "description": splits.description}
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
+    validate(experiment, model_args)
+    data = load_data(experiment, model_args)
+    print(data["description"])
+    output_dir = Path(training_args.output_dir)
+    results = []
+    for positions in experiment.position_embeddings:
+        runs = runs_for(output_dir / positions, experiment.variants, experiment.seeds)
+        train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
+                                  model_args=model_args, training_args=training_args)  # fmt: skip
+        # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
+        results += [{**result, "model": positions} for result in run_all(runs, train)]
+    summary = aggregate(results, "perplexity")
+    stride = experiment.eval_stride or experiment.block_size // 2
+    report = "\n\n".join([
+        f"# WikiText-2 perplexity ({len(results)} runs)",
+        f"{data['description']}. Context {experiment.block_size} tokens, evaluation stride {stride}.",
+        "## perplexity by variant (rows) and position encoding (columns), mean and median over seeds",
+        markdown_table(summary, "variant"),
+    ]) + "\n"  # fmt: skip
+    (output_dir / "results.md").write_text(report)
+    plot_bars(summary, output_dir / "perplexity.png", "WikiText-2 perplexity", "perplexity (lower is better)")
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
