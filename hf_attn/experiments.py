@@ -298,6 +298,40 @@ def write_report(
     return report
 
 
+def grid_table(cells: dict[str, dict[str, str]], row_name: str) -> str:
+    """A markdown table of preformatted cells, `cells[row][column]`; rows and columns in order of first appearance."""
+    columns = list(dict.fromkeys(column for by_column in cells.values() for column in by_column))
+    lines = [f"| {row_name} | " + " | ".join(columns) + " |", "|" + "---|" * (1 + len(columns))]
+    for row, by_column in cells.items():
+        lines.append(f"| {row} | " + " | ".join(by_column.get(column, "n/a") for column in columns) + " |")
+    return "\n".join(lines)
+
+
+def plot_heatmap(values: dict[str, dict[str, float]], path: Path, title: str, vmin: float = 0.0,
+                 vmax: float = 1.0) -> None:  # fmt: skip
+    """`values[row][column]` as an annotated heatmap (rows top to bottom, columns left to right); NaN left blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(values)
+    columns = list(dict.fromkeys(column for by_column in values.values() for column in by_column))
+    grid = np.array([[values[row].get(column, math.nan) for column in columns] for row in rows], dtype=float)
+    figure, axes = plt.subplots(figsize=(max(4, 1.3 * len(columns) + 2), max(3, 0.5 * len(rows) + 1.5)))
+    image = axes.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        if math.isfinite(value):
+            axes.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.7 else "black")
+    axes.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    axes.set_yticks(range(len(rows)), rows)
+    axes.set_title(title)
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 __all__ = [
     "Run",
     "InMemoryDataset",
@@ -312,4 +346,6 @@ __all__ = [
     "plot_bars",
     "summarize",
     "write_report",
+    "grid_table",
+    "plot_heatmap",
 ]

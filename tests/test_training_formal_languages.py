@@ -1,0 +1,116 @@
+"""training/formal_languages.py end to end on tiny sizes: outputs, YAML configs, metrics, bad input, kept runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForTokenClassification, TrainingArguments
+
+import training.formal_languages as formal
+from training.common import parse_config
+
+ROOT = Path(__file__).parents[1]
+CONFIG = str(ROOT / "configs/formal_languages/cpu.yaml")
+TINY = ["--languages", "ab_star", "--variants", "global", "hybrid-1", "--train_samples", "64",
+        "--train_max_length", "8", "--test_min_length", "9", "--test_max_length", "14", "--test_length_step", "1",
+        "--test_samples_per_length", "8", "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--max_steps", "2",
+        "--per_device_train_batch_size", "32"]  # fmt: skip
+
+
+def tiny_run(output_dir: Path, *extra: str) -> None:
+    formal.main([CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
+
+
+@pytest.mark.parametrize("config", sorted(ROOT.glob("configs/formal_languages/*.yaml")), ids=lambda path: path.name)
+def test_every_config_parses_and_validates(config):
+    experiment, model, training = parse_config(
+        (formal.ExperimentArguments, formal.ModelArguments, TrainingArguments), [str(config)]
+    )
+    formal.validate(experiment, model)
+    assert experiment.languages and experiment.learning_rates and training.max_grad_norm == 1.0
+
+
+def test_tiny_run_writes_results_tables_heatmaps_and_models(tmp_path):
+    tiny_run(tmp_path, "--position_embeddings", "none", "rope", "--learning_rates", "0.001", "0.003")
+    language = tmp_path / "ab_star"
+    for positions in ("none", "rope"):
+        for lr in ("0.001", "0.003"):
+            for variant in ("global", "hybrid-1"):
+                run = language / positions / f"lr-{lr}" / variant / "seed-0"
+                results = json.loads((run / "results.json").read_text())
+                assert set(results["by_scale"]) == {"10", "12", "14"}  # odd 9, 11, 13: ab_star has no members
+                assert results["learning_rate"] == results["config"]["training"]["learning_rate"] == float(lr)
+                assert 0 <= results["mean_accuracy"] <= 1 and results["longest_perfect_length"] in (0, 10, 12, 14)
+                saved = AutoModelForTokenClassification.from_pretrained(run / "model")
+                assert saved.config.num_labels == 2 and saved.config.n_positions == 16
+    report = (language / "results.md").read_text()
+    assert "| variant | none | rope |" in report and "| hybrid-1 | " in report and "## learning rate 0.003" in report
+    assert "| variant | ab_star |" in (tmp_path / "results.md").read_text()
+    for plot in (language / "accuracy.png", tmp_path / "accuracy_none.png", tmp_path / "accuracy_rope.png"):
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "accuracies,expected",
+    [
+        ([1.0, 1.0, 1.0], 60),  # perfect everywhere: the longest test length
+        ([1.0, 1.0, 0.99], 50),  # stops before the first imperfect length
+        ([1.0, 0.5, 1.0], 41),  # a later perfect length does not count
+        ([0.9, 1.0, 1.0], 0),  # imperfect from the start
+    ],
+)
+def test_longest_perfect_length(accuracies, expected):
+    assert formal.longest_perfect_length([41, 50, 60], accuracies) == expected
+    assert formal.longest_perfect_length([60, 41, 50], [accuracies[2], accuracies[0], accuracies[1]]) == expected
+
+
+def test_best_learning_rate_is_chosen_on_the_mean_over_seeds():
+    def result(lr, seed, accuracy, longest):
+        return dict(language="ab_star", positions="none", model="global", learning_rate=lr, seed=seed,
+                    mean_accuracy=accuracy, longest_perfect_length=longest)  # fmt: skip
+
+    results = [result(1e-4, 0, 1.0, 100), result(1e-4, 1, 0.5, 0), result(3e-4, 0, 0.9, 50), result(3e-4, 1, 0.8, 40)]
+    best = formal.best_learning_rate(results)["ab_star", "none", "global"]
+    assert best == {"learning_rate": 3e-4, "mean_accuracy": pytest.approx(0.85), "seeds": 2,
+                    "longest_perfect_length": 45}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--variants", "sparse-2"], "variant 'sparse-2'"),
+        (["--test_min_length", "5"], "train_max_length .8. < test_min_length .5."),
+        (["--test_min_length", "20", "--test_max_length", "15"], "test_min_length"),
+        (["--train_min_length", "0"], "train_min_length"),
+        (["--test_min_length", "9", "--test_max_length", "9"], "ab_star has no strings at any test length"),
+        (["--learning_rates", "0"], "learning_rates"),
+    ],
+)
+def test_invalid_values_stop_before_training(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_run(tmp_path, *args)
+    assert not (tmp_path / "ab_star").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--languages", "palindromes"], "invalid choice"),
+        (["--position_embeddings", "learned"], "invalid choice"),
+        (["--no_such_field", "3"], "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments_stop_before_training(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        tiny_run(tmp_path, *args)
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "ab_star").exists()
+
+
+def test_finished_runs_are_kept(tmp_path, capsys):
+    tiny_run(tmp_path, "--variants", "global")
+    results = tmp_path / "ab_star" / "none" / "lr-0.001" / "global" / "seed-0" / "results.json"
+    before = results.read_text()
+    tiny_run(tmp_path, "--variants", "global", "--max_steps", "3")
+    assert results.read_text() == before
+    assert "finished earlier, kept as it is" in capsys.readouterr().out

@@ -1,0 +1,293 @@
+"""Paper B, formal-language recognition: global, k-local and hybrid attention, trained short, tested long.
+
+A token-classification model reads `<bos>` string `<eos>` and says accept/reject at `<eos>` (the datasets put the
+string's label only there). Models train on lengths `train_min_length..train_max_length` (Paper B: 1..40) and are
+tested on every length L in `range(test_min_length, test_max_length + 1, test_length_step)` (Paper B: 41..500,
+step 1), `test_samples_per_length` strings each (Paper B: 512), half members and half adversarial near misses.
+`ab_star` and `dyck2_bounded` have members only at even lengths: their odd test lengths are skipped.
+
+Metrics per run (in results.json):
+- `accuracy` per test length (`by_scale[str(L)]["accuracy"]`) and `mean_accuracy`, their unweighted mean;
+- `longest_perfect_length`: walking the evaluated test lengths upwards from the shortest, the last one before the
+  first length with accuracy below 100%; 0 when the shortest test length is already imperfect. With a step > 1 the
+  unevaluated lengths in between are assumed perfect. Training lengths are not re-evaluated, so 0 means "no perfect
+  test length", not "imperfect in training".
+Each (language, position encoding, variant, learning rate, seed) is one run. Paper B reports the best learning
+rate; tables show, per (language, encoding, variant), the learning rate whose mean over seeds of `mean_accuracy` is
+highest, and at that learning rate the mean over seeds of `mean_accuracy` and of `longest_perfect_length`.
+
+    python -m training.formal_languages configs/formal_languages/cpu.yaml
+    python -m training.formal_languages configs/formal_languages/paper.yaml                 # for a GPU
+    python -m training.formal_languages configs/formal_languages/cpu.yaml --resume true     # continue interrupted runs
+
+Writes OUTPUT_DIR/LANGUAGE/POSITIONS/lr-LR/VARIANT/seed-S/{results.json, model/} per run, OUTPUT_DIR/LANGUAGE/
+{results.md, accuracy.png} per language and OUTPUT_DIR/{results.md, accuracy_POSITIONS.png} across languages.
+"""
+
+import dataclasses
+import functools
+import itertools
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
+
+import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn.configuration_hf_attn import BLOCK_STYLES
+from hf_attn.data.formal_languages import LANGUAGES, FormalLanguageVocab, formal_language_dataset, sample_strings
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, grid_table, plot_heatmap
+from training.common import parse_config, run_all, run_config, runs_for
+from training.wikitext import parse_variant
+
+POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
+TEST_SEED = 1_000_000  # test sets depend only on (language, length): every run is tested on the same strings
+
+
+@dataclass
+class ExperimentArguments:
+    languages: list[str] = field(
+        default_factory=lambda: list(LANGUAGES),
+        metadata={"help": "Languages to learn, each its own experiment.", "choices": LANGUAGES},
+    )
+    variants: list[str] = field(
+        default_factory=lambda: ["global", "local-1", "local-2", "local-4", "hybrid-1", "hybrid-2", "hybrid-4"],
+        metadata={"help": "`global`, `local-K` (every head K-local) or `hybrid-K` (half global, half K-local)."},
+    )
+    position_embeddings: list[str] = field(
+        default_factory=lambda: list(POSITION_EMBEDDINGS),
+        metadata={"help": "Position encodings (Paper B: none, SiPE, RoPE).", "choices": POSITION_EMBEDDINGS},
+    )
+    learning_rates: list[float] = field(
+        default_factory=lambda: [1e-4, 3e-4, 5e-4],
+        metadata={"help": "One run per learning rate (overrides `learning_rate`); tables show the best one."},
+    )
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per seed (Paper B: 5)."})
+    train_min_length: int = field(default=1, metadata={"help": "Shortest training string (Paper B: 1)."})
+    train_max_length: int = field(default=40, metadata={"help": "Longest training string (Paper B: 40)."})
+    train_samples: int = field(default=100_000, metadata={"help": "Training strings, half members (our choice)."})
+    test_min_length: int = field(default=41, metadata={"help": "Shortest test length (Paper B: 41)."})
+    test_max_length: int = field(default=500, metadata={"help": "Longest test length (Paper B: 500)."})
+    test_length_step: int = field(default=1, metadata={"help": "Evaluate every this many lengths (Paper B: 1)."})
+    test_samples_per_length: int = field(default=512, metadata={"help": "Test strings per length (Paper B: 512)."})
+    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+
+@dataclass
+class ModelArguments:
+    n_layer: int = field(default=5, metadata={"help": "Depth (Paper B: 5)."})
+    n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper B: 64)."})
+    n_head: int = field(default=8, metadata={"help": "Heads per layer (Paper B: 8)."})
+    block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
+    attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
+
+
+# --- lengths and metrics ---------------------------------------------------------------------------------------
+
+
+def has_strings(language: str, min_length: int, max_length: int) -> bool:
+    """Whether `language` has members (and near misses) at some length in [min_length, max_length]."""
+    try:
+        sample_strings(language, 2, min_length, max_length)
+    except ValueError:  # e.g. a single odd length for `ab_star`: the generator refuses it
+        return False
+    return True
+
+
+def evaluated_lengths(language: str, experiment: ExperimentArguments) -> list[int]:
+    """The evaluated lengths: the configured range, less those where the language has no members."""
+    lengths = range(experiment.test_min_length, experiment.test_max_length + 1, experiment.test_length_step)
+    return [length for length in lengths if has_strings(language, length, length)]
+
+
+def longest_perfect_length(lengths: list[int], accuracies: list[float]) -> int:
+    """The last of the ascending `lengths` before the first accuracy below 1; 0 if the first is already below 1."""
+    longest = 0
+    for length, accuracy in sorted(zip(lengths, accuracies, strict=True)):
+        if accuracy < 1.0:
+            break
+        longest = length
+    return longest
+
+
+# --- validation and model --------------------------------------------------------------------------------------
+
+
+def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
+    """Every problem at once, before any data is built or model trained."""
+    problems = []
+    for variant in experiment.variants:
+        try:
+            parse_variant(variant)
+        except ValueError as error:
+            problems.append(str(error))
+    e = experiment  # short, for the messages below
+    if not 1 <= e.train_min_length <= e.train_max_length:
+        problems.append(f"need 1 <= train_min_length ({e.train_min_length}) <= train_max_length ({e.train_max_length})")
+    if not e.train_max_length < e.test_min_length <= e.test_max_length:
+        problems.append(
+            f"need train_max_length ({e.train_max_length}) < test_min_length ({e.test_min_length}) <= "
+            f"test_max_length ({e.test_max_length}): tests are on longer strings than training"
+        )
+    for name, least in (("test_length_step", 1), ("train_samples", 2), ("test_samples_per_length", 2)):
+        if getattr(e, name) < least:
+            problems.append(f"{name} must be >= {least}, got {getattr(e, name)}")
+    if not e.learning_rates or any(lr <= 0 for lr in e.learning_rates):
+        problems.append(f"learning_rates must list at least one rate, all > 0, got {e.learning_rates}")
+    if not e.seeds:
+        problems.append("seeds must list at least one seed")
+    if not problems:  # the ranges are sane: check every language has strings in them
+        for language in e.languages:
+            if not has_strings(language, e.train_min_length, e.train_max_length):
+                problems.append(f"{language} has no strings of length {e.train_min_length}..{e.train_max_length}")
+            if not evaluated_lengths(language, e):
+                problems.append(f"{language} has no strings at any test length (even lengths only?)")
+    if model.n_embd % model.n_head:
+        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    elif "rope" in e.position_embeddings and (model.n_embd // model.n_head) % 2:
+        problems.append(f"rope needs an even head dim n_embd / n_head, got {model.n_embd // model.n_head}")
+    if problems:
+        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def build_model(variant: str, positions: str, model: ModelArguments, language: str, n_positions: int):
+    """Paper B's recognizer: causal, strict masks, post-LN, fp32, two labels read at `<eos>`, no dropout."""
+    vocab = FormalLanguageVocab(language)
+    config = AutoConfig.for_model(
+        **parse_variant(variant),
+        n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=n_positions,
+        block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
+        vocab_size=vocab.vocab_size, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        pad_token_id=vocab.pad_id, bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id,
+    )  # fmt: skip
+    return AutoModelForTokenClassification.from_config(config)
+
+
+# --- one run ---------------------------------------------------------------------------------------------------
+
+
+def string_accuracy(trainer: Trainer, language: str, length: int, samples: int) -> float:
+    """Share of `samples` test strings of exactly `length` symbols whose `<eos>` decision is right."""
+    test_set = formal_language_dataset(language, samples, length, length, seed=TEST_SEED + length)
+    labels = test_set.with_format("numpy")[:]["labels"]  # (N, L + 2), -100 except at <eos>
+    logits = trainer.predict(InMemoryDataset(test_set.remove_columns("length"))).predictions  # (N, L + 2, 2)
+    at_eos = labels != -100
+    return float(np.mean(logits.argmax(-1)[at_eos] == labels[at_eos]))
+
+
+def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: float, experiment, model_args,
+                       training_args) -> dict:  # fmt: skip
+    set_seed(run.seed)
+    model = build_model(run.model, positions, model_args, language, experiment.test_max_length + 2)  # + <bos>, <eos>
+    train = formal_language_dataset(language, experiment.train_samples, experiment.train_min_length,
+                                     experiment.train_max_length, seed=run.seed)  # fmt: skip
+    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, learning_rate=learning_rate)
+    trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
+    start = time.perf_counter()
+    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
+    seconds = time.perf_counter() - start
+    lengths = evaluated_lengths(language, experiment)
+    accuracies = [string_accuracy(trainer, language, n, experiment.test_samples_per_length) for n in lengths]
+    by_length = {str(n): {"accuracy": a} for n, a in zip(lengths, accuracies, strict=True)}
+    return finish_run(
+        trainer, run, train_output, seconds, by_length,
+        experiment="formal_languages", language=language, positions=positions, learning_rate=learning_rate,
+        mean_accuracy=statistics.fmean(accuracies), longest_perfect_length=longest_perfect_length(lengths, accuracies),
+        config=run_config(experiment, model_args, args),
+    )  # fmt: skip
+
+
+# --- tables ----------------------------------------------------------------------------------------------------
+
+
+def by_learning_rate(results: list[dict]) -> dict[tuple[str, str, str], dict[float, dict]]:
+    """Per (language, positions, variant) and learning rate: the means over seeds of `mean_accuracy` and
+    `longest_perfect_length`."""
+    grouped: dict[tuple, dict[float, list[dict]]] = {}
+    for result in results:
+        key = (result["language"], result["positions"], result["model"])
+        grouped.setdefault(key, {}).setdefault(result["learning_rate"], []).append(result)
+    return {
+        key: {
+            lr: {
+                "learning_rate": lr,
+                "mean_accuracy": statistics.fmean(r["mean_accuracy"] for r in runs),
+                "longest_perfect_length": statistics.fmean(r["longest_perfect_length"] for r in runs),
+                "seeds": len(runs),
+            }
+            for lr, runs in by_rate.items()
+        }
+        for key, by_rate in grouped.items()
+    }
+
+
+def best_learning_rate(results: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """Per (language, positions, variant): the summary of the learning rate with the best mean over seeds of
+    `mean_accuracy` (ties: the first rate listed in the config). Paper B reports the best learning rate."""
+    return {key: max(by_rate.values(), key=lambda stats: stats["mean_accuracy"])
+            for key, by_rate in by_learning_rate(results).items()}  # fmt: skip
+
+
+def _cell(stats: dict) -> str:
+    return f"{stats['mean_accuracy']:.3f} / {stats['longest_perfect_length']:.0f} (lr {stats['learning_rate']:g})"
+
+
+def _grids(best: dict, rows: list[str], columns: list[str], key) -> tuple[dict, dict]:
+    """Table cells and heatmap values, `[row][column]`, of the best-lr summaries at `key(row, column)`."""
+    cells = {row: {column: _cell(best[key(row, column)]) for column in columns} for row in rows}
+    accuracy = {row: {column: best[key(row, column)]["mean_accuracy"] for column in columns} for row in rows}
+    return cells, accuracy
+
+
+def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
+    """Per language: results.md (rows variants, columns encodings) and accuracy.png; the same across languages."""
+    best = best_learning_rate(results)
+    legend = (
+        f"Trained on lengths {experiment.train_min_length}..{experiment.train_max_length}; tested on lengths "
+        f"{experiment.test_min_length}..{experiment.test_max_length} step {experiment.test_length_step} (odd ones "
+        f"skipped where the language has none), {experiment.test_samples_per_length} strings each. Cell: mean accuracy "
+        "over test lengths / longest perfect length, means over seeds at the learning rate with the best mean "
+        "accuracy (shown). Longest perfect length: the last test length before the first one below 100% (0: none)."
+    )
+    overall = [f"# Formal-language recognition ({len(results)} runs)", legend]
+    variants, encodings, languages = experiment.variants, experiment.position_embeddings, experiment.languages
+    for language in languages:
+        cells, accuracy = _grids(best, variants, encodings, lambda v, p, lang=language: (lang, p, v))
+        sections = [f"# {language}: recognition accuracy by variant and position encoding", legend,
+                    grid_table(cells, "variant")]  # fmt: skip
+        if len(experiment.learning_rates) > 1:  # every rate too, so the choice of the best can be checked
+            for lr in experiment.learning_rates:
+                at_rate = {key: stats[lr] for key, stats in by_learning_rate(results).items()}
+                cells, _ = _grids(at_rate, variants, encodings, lambda v, p, lang=language: (lang, p, v))
+                sections += [f"## learning rate {lr:g}", grid_table(cells, "variant")]
+        (output_dir / language / "results.md").write_text("\n\n".join(sections) + "\n")
+        plot_heatmap(accuracy, output_dir / language / "accuracy.png", f"{language}: mean test accuracy")
+    for positions in encodings:
+        cells, accuracy = _grids(best, variants, languages, lambda v, lang, p=positions: (lang, p, v))
+        overall += [f"## position encoding `{positions}`: variants by language", grid_table(cells, "variant")]
+        plot_heatmap(accuracy, output_dir / f"accuracy_{positions}.png", f"mean test accuracy, positions {positions}")
+    report = "\n\n".join(overall) + "\n"
+    (output_dir / "results.md").write_text(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
+    validate(experiment, model_args)
+    output_dir = Path(training_args.output_dir)
+    results = []
+    grid = itertools.product(experiment.languages, experiment.position_embeddings, experiment.learning_rates)
+    for language, positions, lr in grid:
+        runs = runs_for(output_dir / language / positions / f"lr-{lr:g}", experiment.variants, experiment.seeds)
+        train = functools.partial(
+            train_and_evaluate, language=language, positions=positions, learning_rate=lr, experiment=experiment,
+            model_args=model_args, training_args=training_args,
+        )  # fmt: skip
+        results += run_all(runs, train)
+    print(write_reports(output_dir, results, experiment))
+
+
+if __name__ == "__main__":
+    main()
