@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import statistics
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ class Run:
                 "to continue it, or delete the folder to start over."
             )
         return last
+
+    def train(self, trainer, resume: bool):
+        """Trains, from the last checkpoint when resuming; returns Trainer's output and the seconds it took."""
+        start = time.perf_counter()
+        output = trainer.train(resume_from_checkpoint=self.checkpoint_to_resume(resume))
+        return output, time.perf_counter() - start
 
     def write_results(self, results: dict) -> None:
         """Written once, atomically, so a crash never leaves a half-written file that counts as finished."""

@@ -14,7 +14,6 @@ accuracy.png} per task.
 """
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,9 +136,7 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     train_set = InMemoryDataset(algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data))
     trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
-    start = time.perf_counter()
-    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
-    seconds = time.perf_counter() - start
+    train_output, seconds = run.train(trainer, experiment.resume)
 
     by_scale = {}
     for scale in experiment.scales:

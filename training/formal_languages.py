@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import itertools
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,9 +184,7 @@ def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: f
                                      experiment.train_max_length, seed=run.seed)  # fmt: skip
     args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, learning_rate=learning_rate)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
-    start = time.perf_counter()
-    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
-    seconds = time.perf_counter() - start
+    train_output, seconds = run.train(trainer, experiment.resume)
     lengths = evaluated_lengths(language, experiment)
     accuracies = [string_accuracy(trainer, language, n, experiment.test_samples_per_length) for n in lengths]
     by_length = {str(n): {"accuracy": a} for n, a in zip(lengths, accuracies, strict=True)}

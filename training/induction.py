@@ -15,7 +15,6 @@ Writes OUTPUT_DIR/depth-D/MODEL/seed-S/{results.json, model/} per run and OUTPUT
 import dataclasses
 import functools
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,9 +171,7 @@ def train_and_evaluate(
     train_set = khop_dataset(experiment.train_samples, experiment.length, experiment.max_hops, "train", run.seed)
     args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train_set))
-    start = time.perf_counter()
-    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
-    seconds = time.perf_counter() - start
+    train_output, seconds = run.train(trainer, experiment.resume)
     return finish_run(
         trainer, run, train_output, seconds, {str(depth): evaluate(trainer, experiment)},  # a row of the depth table
         experiment="induction", depth=depth,

@@ -178,7 +178,7 @@ def train_positional(run: Run, task: str, experiment, model_args, training_args)
     train_set = answer_at_position_zero(mixed_dataset(experiment.train_samples, task, seed=run.seed))
     trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
-    output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
+    output, _ = run.train(trainer, experiment.resume)
     by_scale = {}
     for scale in experiment.scales:
         test = mixed_dataset(experiment.test_samples, task, scale=scale, names="unseen", seed=TEST_SEED + scale)
@@ -210,7 +210,7 @@ def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, Tr
     )  # fmt: skip
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator)
-    output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
+    output, _ = run.train(trainer, experiment.resume)
     by_scale = {}
     for scale in experiment.scales:
         test = mixed_dataset(experiment.test_samples, task, rendering="text", scale=scale, names="unseen",

@@ -17,7 +17,6 @@ evaluated on test).
 import dataclasses
 import functools
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,9 +119,7 @@ def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, t
     model = build_model(run.model, positions, model_args, data["vocab_size"], experiment.block_size)
     args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed)
     trainer = Trainer(model=model, args=args, train_dataset=data["train"])
-    start = time.perf_counter()
-    train_output = trainer.train(resume_from_checkpoint=run.checkpoint_to_resume(experiment.resume))
-    seconds = time.perf_counter() - start
+    train_output, seconds = run.train(trainer, experiment.resume)
     stride = experiment.eval_stride or experiment.block_size // 2
     scores = perplexity(
         model, data["eval_ids"], experiment.block_size, stride, training_args.per_device_eval_batch_size
