@@ -9,6 +9,7 @@ T x T mask. A row with no visible key (position 0 under a strict causal mask, or
 padding) outputs zeros, never NaN.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,6 +166,25 @@ def local_attention(
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
 
 
+@functools.cache
+def _compiled_local_attention() -> Callable:
+    return torch.compile(local_attention)
+
+
+def compiled_local_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """`local_attention` through torch.compile (`local_attention_impl="compiled"`), for training and prefill.
+
+    The eager kernel runs instead while decoding (a query or two per step: nothing to gain from compiling), inside
+    a model that is itself being compiled (its trace covers the kernel), and where torch.compile is unsupported.
+    """
+    decoding = q.shape[-2] != k.shape[-2]
+    if decoding or torch.compiler.is_compiling() or not torch._dynamo.is_dynamo_supported():
+        return local_attention(q, k, v, visibility, key_mask, scale, dropout)
+    return _compiled_local_attention()(q, k, v, visibility, key_mask, scale, dropout)
+
+
 class BandedAttention(torch.autograd.Function):
     """Attention over a few key offsets per query, with a hand-written backward.
 
@@ -177,7 +197,7 @@ class BandedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_padded, v_padded, visible, starts, scale, keep):
         length = q.shape[-2]
-        buffer = torch.empty_like(q)
+        buffer = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: an `out=` for torch.compile
         scores = q.new_empty(len(starts), *q.shape[:-1])  # (n, B, H, T): each offset's slice is contiguous
         for j, start in enumerate(starts):
             torch.mul(q, k_padded[:, :, start : start + length], out=buffer)
@@ -200,7 +220,7 @@ class BandedAttention(torch.autograd.Function):
         length, starts = q.shape[-2], ctx.starts
         grad_out = grad_out.contiguous()
         applied = weights if keep is None else weights * keep
-        buffer = torch.empty_like(q)
+        buffer = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: an `out=` for torch.compile
         grad_applied = torch.empty_like(weights)  # (n, B, H, T)
         grad_v = torch.zeros_like(v_padded)
         for j, start in enumerate(starts):
@@ -311,9 +331,20 @@ def positional_weights(pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, s
 
 
 def positional_attention(weights: torch.Tensor, v: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
-    """(B, H, T, D): input-independent weights applied to the data's values (broadcast over the batch)."""
-    weights = F.dropout(weights, p=dropout) if dropout > 0 else weights
-    return torch.matmul(weights.to(v.dtype), v)
+    """(B, H, T, D): input-independent weights (1|B, H, T, S) applied to the data's values.
+
+    Weights shared by the batch multiply all samples' values at once, (H, T, S) @ (H, S, B * D): one product per
+    head instead of a broadcast that copies the weights B times, and their gradient comes summed over the batch.
+    Dropout draws a mask per sample, so it expands the weights first.
+    """
+    weights = weights.to(v.dtype)
+    batch, heads, num_keys, dim = v.shape
+    if dropout > 0:
+        return torch.matmul(F.dropout(weights.expand(batch, -1, -1, -1), p=dropout), v)
+    if weights.shape[0] != 1 or batch == 1:
+        return torch.matmul(weights, v)
+    folded = v.permute(1, 2, 0, 3).reshape(heads, num_keys, batch * dim)  # (H, S, B * D)
+    return torch.bmm(weights[0], folded).view(heads, -1, batch, dim).permute(2, 0, 1, 3)
 
 
 # --- position encodings ----------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from transformers import Cache
 
 
 def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    return new if past is None else torch.cat([past, new], dim=-2)
+    """`new` appended to `past`, in storage of its own: `new` is a view into the layer's whole projection, which
+    the cache must not keep alive."""
+    return new.contiguous().clone() if past is None else torch.cat([past, new], dim=-2)
 
 
 class HeadKindCacheLayer:
@@ -44,8 +46,8 @@ class HeadKindCacheLayer:
     def update_local(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the kept past plus the new keys and values; keeps only the last `local_window` of them."""
         keys, values = _cat(self.local_keys, keys), _cat(self.local_values, values)
-        self.local_keys = keys[:, :, -self.local_window :]
-        self.local_values = values[:, :, -self.local_window :]
+        self.local_keys = keys[:, :, -self.local_window :].clone()  # a view would keep every token alive
+        self.local_values = values[:, :, -self.local_window :].clone()
         return keys, values
 
     def update_positional(self, values: torch.Tensor) -> torch.Tensor:

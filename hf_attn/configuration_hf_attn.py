@@ -12,7 +12,7 @@ HEAD_KINDS = ("global", "local", "positional")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
 BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
-LOCAL_ATTENTION_IMPLS = ("banded", "masked")
+LOCAL_ATTENTION_IMPLS = ("banded", "compiled", "masked")
 
 
 def _choice_error(field: str, value, allowed) -> ValueError:
@@ -61,8 +61,10 @@ class HfAttnConfig(GPT2Config):
         Token id that marks the positions whose embedding comes from `numeric_values` when no `numeric_mask`
         is passed.
     local_attention_impl (`str`, *optional*, defaults to `"banded"`):
-        `"banded"` forms only the k (or k+1) scores per query; `"masked"` runs SDPA with a full T x T band mask,
-        what transformers' sliding-window models do (a baseline for benchmarks, not for use).
+        `"banded"` forms only the k (or k+1) scores per query; `"compiled"` runs the same kernel through
+        `torch.compile` (faster once warm, after tens of seconds of compiling per new shape; training and prefill
+        only); `"masked"` runs SDPA with a full T x T band mask, what transformers' sliding-window models do (a
+        baseline for benchmarks, not for use).
 
     Example:
 

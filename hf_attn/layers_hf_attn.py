@@ -16,6 +16,7 @@ from .attention_hf_attn import (
     FIXED_ENCODINGS,
     Visibility,
     apply_rotary,
+    compiled_local_attention,
     global_attention,
     local_attention,
     local_attention_by_offsets,
@@ -66,6 +67,43 @@ class FixedTable(nn.Module):
 
 # --- attention layer -------------------------------------------------------------------------------------------
 
+LOCAL_KERNELS = {"banded": local_attention, "compiled": compiled_local_attention, "masked": local_attention_masked}
+
+
+class InferenceWeights:
+    """Positional heads' weights kept from one inference forward to the next.
+
+    They depend only on P's rows and `p_attn`, so an evaluation loop over batches of one length computes them
+    once. Used for whole sequences (not decoding steps) when no gradient is recorded, nothing is padded (padding
+    makes them per sample) and not under torch.compile. Recomputed when the rows differ or a parameter of `p_attn`
+    changed: its version counter moves on every in-place update (optimizer steps, `load_state_dict`).
+    """
+
+    MAX_ELEMENTS = 2**24  # 64 MiB of fp32 per layer; larger weights are recomputed rather than held
+
+    def __init__(self):
+        self.entry: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, rows, weights)
+
+    @staticmethod
+    def applies(inputs: AttentionInputs) -> bool:
+        return not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and inputs.key_mask is None
+
+    @staticmethod
+    def key(p_attn: nn.Module, rows: torch.Tensor) -> tuple:
+        return (rows.shape, rows.device, *((p.data_ptr(), p._version) for p in p_attn.parameters()))
+
+    def get(self, p_attn: nn.Module, inputs: AttentionInputs) -> torch.Tensor | None:
+        if self.entry is None or not self.applies(inputs):
+            return None
+        key, rows, weights = self.entry
+        fresh = key == self.key(p_attn, inputs.positional_rows) and torch.equal(rows, inputs.positional_rows)
+        return weights if fresh else None
+
+    def keep(self, p_attn: nn.Module, inputs: AttentionInputs, weights: torch.Tensor) -> None:
+        if self.applies(inputs) and weights.numel() <= self.MAX_ELEMENTS:
+            rows = inputs.positional_rows
+            self.entry = (self.key(p_attn, rows), rows.clone(), weights)
+
 
 def _index_or_slice(indices: list[int]) -> slice | torch.Tensor:
     """A slice (a view, free) when the heads of a kind are contiguous, else an index tensor."""
@@ -114,6 +152,7 @@ class HfAttnAttention(nn.Module):
             self.p_attn = Conv1D(
                 2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim
             )
+            self.inference_weights = InferenceWeights()
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
@@ -124,7 +163,7 @@ class HfAttnAttention(nn.Module):
             kind: Visibility(config.is_causal, config.attend_to_self, config.local_window if kind == "local" else None)
             for kind in self.kinds
         }
-        self.local_impl = local_attention_masked if config.local_attention_impl == "masked" else local_attention
+        self.local_impl = LOCAL_KERNELS[config.local_attention_impl]
 
     def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = hidden_states.shape
@@ -197,14 +236,23 @@ class HfAttnAttention(nn.Module):
         """Weights from P alone: one (1, H_pos, T, S) tensor for the whole batch unless padding shifts positions."""
         if cache_layer is not None:
             v = cache_layer.update_positional(v)
-        num_keys = v.shape[-2]
+        whole_sequence = length == inputs.num_keys  # not a decoding step
+        weights = self.inference_weights.get(self.p_attn, inputs) if whole_sequence else None
+        if weights is None:
+            weights = self.positional_weights(length, inputs, v.device)
+            if whole_sequence:
+                self.inference_weights.keep(self.p_attn, inputs, weights)
+        weights = weights.to(v.dtype)
+        return positional_attention(weights, v, dropout), weights
+
+    def positional_weights(self, length: int, inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
         rows = inputs.positional_rows  # (B|1, S, d_P)
+        num_keys = rows.shape[1]
         projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
         pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
         pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
-        mask = visibility_mask(self.visibility["positional"], length, inputs.key_mask, num_keys, v.device)
-        weights = positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5).to(v.dtype)
-        return positional_attention(weights, v, dropout), weights
+        mask = visibility_mask(self.visibility["positional"], length, inputs.key_mask, num_keys, device)
+        return positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5)
 
 
 # --- blocks ----------------------------------------------------------------------------------------------------

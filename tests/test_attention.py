@@ -126,6 +126,24 @@ def test_positional_matches_reference(is_causal, attend_to_self, pad):
         assert weights.shape[0] == 1, "without padding the weights are one tensor for the whole batch"
 
 
+@pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True)])
+def test_positional_gradients_match_reference(is_causal, attend_to_self):
+    """Weights shared by the batch: their gradient (into P's queries and keys) is summed over every sample."""
+    pq, pk = (torch.randn(1, H, T, 5, requires_grad=True) for _ in range(2))
+    _, _, v = qkv()
+    mask = visibility_mask(Visibility(is_causal, attend_to_self), T, None, T, v.device)
+    out = positional_attention(positional_weights(pq, pk, mask, scale=5**-0.5), v)
+    pq64, pk64, v64 = (t.detach().double().requires_grad_() for t in (pq, pk, v))
+    expected, _ = naive_attention(
+        pq64.expand(B, -1, -1, -1), pk64.expand(B, -1, -1, -1), v64, is_causal, attend_to_self
+    )
+    probe = torch.randn_like(expected)
+    grads = torch.autograd.grad((out.double() * probe).sum(), (pq, pk, v))
+    expected_grads = torch.autograd.grad((expected * probe).sum(), (pq64, pk64, v64))
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kernel", ["offsets", "chunks", "masked"])
 def test_strict_first_row_is_zero_without_nan(kernel):
     q, k, v = qkv()

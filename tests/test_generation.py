@@ -84,6 +84,20 @@ def test_cache_keeps_per_kind_what_the_kind_needs():
     assert cache_after(model, 20).memory_bytes() > cache_after(model, 10).memory_bytes()
 
 
+def test_cached_tensors_hold_only_their_own_tokens():
+    """No cached tensor may be a view that keeps the whole prefill's projection (or a longer concat) alive."""
+    layout = ["global", "local", "positional", "positional"]
+    model = generation_model("hybrid_gpt2", head_layout=[layout, layout], local_window=2)
+    cache = cache_after(model, 60)
+    with torch.no_grad():
+        cache = model(torch.randint(3, 37, (2, 1)), cache=cache, use_cache=True).cache
+    for layer in cache.layers:
+        for name, tensor in layer.tensors().items():
+            assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size(), name
+    held = sum(t.untyped_storage().nbytes() for layer in cache.layers for t in layer.tensors().values())
+    assert cache.memory_bytes() == held
+
+
 def test_bidirectional_model_does_not_cache():
     model = generation_model("positional_gpt2", is_causal=False)
     assert cache_after(model, 5) is None

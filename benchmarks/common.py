@@ -1,0 +1,101 @@
+"""What the end-to-end benchmarks share: the compared models at one shape, timing, and the machine's description.
+
+Every model has GPT-2's pre-LN block, learned positions and the same width, depth, heads and vocabulary, so the
+only difference is the attention. Dropout is off for all of them: with dropout, SDPA on CPU leaves its fused
+kernel for the T x T math path, which would flatter us against GPT-2.
+"""
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+
+import hf_attn  # noqa: F401  (registers the model types)
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 8
+    vocab_size: int = 50257  # GPT-2's tokenizer
+    n_positions: int = 4096
+
+
+# name -> hf_attn config fields; "gpt2" is transformers' GPT2LMHeadModel with SDPA.
+MODELS: dict[str, dict | None] = {
+    "gpt2": None,
+    # Paper A's one-hot P would be n_positions wide; a sinusoidal P as wide as the model with head-sized queries
+    # and keys keeps the positional model the same size as the others.
+    "positional": dict(model_type="positional_gpt2", positional_encoding="sinusoidal"),
+    "local-1": dict(model_type="local_gpt2", local_window=1),
+    "local-4": dict(model_type="local_gpt2", local_window=4),
+    "hybrid-1": dict(model_type="hybrid_gpt2", local_window=1),  # half the heads global, half 1-local
+    "local-1 masked": dict(model_type="local_gpt2", local_window=1, local_attention_impl="masked"),
+    "local-4 masked": dict(model_type="local_gpt2", local_window=4, local_attention_impl="masked"),
+}
+NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def build_model(name: str, shape: Shape, device: str = "cpu") -> PreTrainedModel:
+    """One of `MODELS` at `shape`, in fp32 on `device`."""
+    if name not in MODELS:
+        raise ValueError(f"model {name!r} must be one of {list(MODELS)}")
+    fields = dict(
+        n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head, vocab_size=shape.vocab_size,
+        n_positions=shape.n_positions, bos_token_id=None, eos_token_id=None, **NO_DROPOUT,
+    )  # fmt: skip
+    if MODELS[name] is None:
+        model = GPT2LMHeadModel(GPT2Config(**fields, attn_implementation="sdpa"))
+    else:
+        extra = dict(MODELS[name])
+        if extra["model_type"] == "positional_gpt2":
+            extra.update(positional_encoding_dim=shape.n_embd, positional_qk_dim=shape.n_embd // shape.n_head)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**extra, **fields))
+    return model.to(device)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device: str) -> float:
+    """Seconds one call of `fn` takes, the device's queue drained before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def describe_machine(device: str) -> str:
+    if device.startswith("cuda"):
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return f"torch {torch.__version__}, {where}"
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
