@@ -1,0 +1,178 @@
+"""Per-token decoding latency and cache memory against the context length: local and hybrid models against GPT-2.
+
+For each context length L: a random prompt of L tokens (batch 1) is prefilled in one forward with the cache on,
+then `--new-tokens` tokens are decoded greedily one at a time, each a single-token forward on the cache. Per-token
+latency is the median over the steps, the first one left out as warm-up; cache memory is what the cache holds after
+the last step. A local-only model keeps the last k keys and values per layer, so its step and its cache should not
+grow with L; GPT-2 (and the hybrid's global heads) keep every token. Models run interleaved within each L, one
+instance per model for every L.
+
+    python benchmarks/generation.py                                   # L in {512, ..., 8192}, 32 new tokens
+    python benchmarks/generation.py --contexts 1024 4096 --models local-1 gpt2
+    python benchmarks/generation.py --device cuda
+    python benchmarks/generation.py --contexts 16 32 --new-tokens 3 --n-layer 1 --n-embd 32 --n-head 4 --vocab-size 100
+"""
+
+import argparse
+import inspect
+
+import torch
+from common import Shape, build_model, describe_machine, median, timed
+from transformers import PreTrainedModel
+
+from hf_attn import HeadKindCache
+
+GENERATION_MODELS = ["local-1", "local-4", "hybrid-1", "gpt2"]
+LOCAL_MODELS = {"local-1", "local-4"}
+LATENCY_TARGET = 1.25  # local models: ms/token at the longest context over ms/token at the shortest
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of every cached key and value: HeadKindCache's own count, or a DynamicCache's layers summed."""
+    if isinstance(cache, HeadKindCache):
+        return cache.memory_bytes()
+    return sum(tensor.nbytes for layer in cache.layers for tensor in (layer.keys, layer.values) if tensor is not None)
+
+
+def cache_of(outputs):
+    """The cache a forward returned (`cache` in transformers 5.x outputs, formerly `past_key_values`)."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else outputs.past_key_values
+
+
+def cache_argument(model: PreTrainedModel) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def decode(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, device: str) -> tuple[float, int]:
+    """(median seconds per decoded token after the first, cache bytes after the last step)."""
+    argument = cache_argument(model)
+    with torch.inference_mode():
+        # logits_to_keep=1: the prefill's logits over the whole prompt (L x vocab) would dominate its memory.
+        outputs = model(prompt, use_cache=True, logits_to_keep=1)
+        state = {"cache": cache_of(outputs), "token": outputs.logits[:, -1].argmax(-1, keepdim=True)}
+
+        def step() -> None:
+            outputs = model(state["token"], use_cache=True, **{argument: state["cache"]})
+            state["cache"] = cache_of(outputs)
+            state["token"] = outputs.logits[:, -1].argmax(-1, keepdim=True)
+
+        times = [timed(step, device) for _ in range(new_tokens)]
+    cache = state["cache"]
+    expected = prompt.shape[-1] + new_tokens
+    if cache.get_seq_length() != expected:  # the steps really went through the cache
+        raise RuntimeError(f"the cache has seen {cache.get_seq_length()} tokens, expected {expected}")
+    return median(times[1:]), cache_bytes(cache)
+
+
+def ratio(value: float, reference: float | None) -> str:
+    return "-" if reference is None else f"{value / reference:.2f}x"
+
+
+def mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.4g}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192], help="prompt lengths")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per context (the first is warm-up)")
+    parser.add_argument(
+        "--models", nargs="+", default=GENERATION_MODELS, choices=GENERATION_MODELS, metavar="MODEL",
+        help=f"a subset of {', '.join(GENERATION_MODELS)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the prompts")
+    defaults = Shape()
+    parser.add_argument("--n-layer", type=int, default=defaults.n_layer)
+    parser.add_argument("--n-embd", type=int, default=defaults.n_embd)
+    parser.add_argument("--n-head", type=int, default=defaults.n_head)
+    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    args = parser.parse_args()
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be at least 2 (the first step is warm-up)")
+    if min(args.contexts) < 1:
+        parser.error("--contexts must be positive")
+    contexts = sorted(set(args.contexts))
+    names = list(dict.fromkeys(args.models))
+    shape = Shape(
+        n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
+        n_positions=contexts[-1] + args.new_tokens,
+    )  # fmt: skip
+
+    models = {}
+    generator = torch.Generator().manual_seed(args.seed)
+    warm_up = torch.randint(0, shape.vocab_size, (1, contexts[0]), generator=generator).to(args.device)
+    for name in names:
+        torch.manual_seed(args.seed)
+        models[name] = build_model(name, shape, args.device).eval()
+        decode(models[name], warm_up, args.new_tokens, args.device)  # first calls are slow: not in the figures
+
+    print(f"# {describe_machine(args.device)}")
+    print(
+        f"# {shape.n_layer} layers, width {shape.n_embd}, {shape.n_head} heads, vocab {shape.vocab_size}, "
+        f"n_positions {shape.n_positions}, fp32, batch 1, seed {args.seed}"
+    )
+    print(
+        f"# per context L: prefill L random tokens in one forward (use_cache=True), then decode {args.new_tokens} "
+        "tokens greedily, one single-token forward each on the cache;"
+    )
+    print(
+        f"# ms/token = median of steps 2..{args.new_tokens} (step 1 is warm-up); cache = bytes of cached keys and "
+        "values after the last step;"
+    )
+    print(f"# models interleaved within each L, each first warmed up by one untimed run at L = {contexts[0]}")
+    print("# ratios: ms/token over the reference's (below 1: faster)")
+    header = "| model | context | ms/token | vs own at shortest context | vs gpt2 at this context | cache MiB |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1), flush=True)
+
+    latency: dict[str, dict[int, float]] = {name: {} for name in names}
+    memory: dict[str, dict[int, int]] = {name: {} for name in names}
+    for length in contexts:
+        prompt = torch.randint(0, shape.vocab_size, (1, length), generator=generator).to(args.device)
+        for name in names:
+            latency[name][length], memory[name][length] = decode(models[name], prompt, args.new_tokens, args.device)
+        gpt2 = latency["gpt2"][length] if "gpt2" in names else None
+        for name in names:
+            seconds = latency[name][length]
+            own = latency[name][contexts[0]]
+            print(
+                f"| {name} | {length} | {seconds * 1e3:.2f} | {ratio(seconds, own)} | {ratio(seconds, gpt2)} "
+                f"| {mib(memory[name][length])} |",
+                flush=True,
+            )
+
+    shortest, longest = contexts[0], contexts[-1]
+    if shortest == longest:
+        return
+    print()
+    print(f"# targets, context {longest} against {shortest}:")
+    for name in names:
+        growth = latency[name][longest] / latency[name][shortest]
+        cache_growth = memory[name][longest] / memory[name][shortest]
+        if name in LOCAL_MODELS:
+            verdict = "met" if growth <= LATENCY_TARGET else "MISSED"
+            constant = len(set(memory[name].values())) == 1
+            print(
+                f"- {name}: ms/token {longest}/{shortest} = {growth:.2f}x (target <= {LATENCY_TARGET}: {verdict}); "
+                f"cache {'constant' if constant else 'NOT constant'} over contexts "
+                f"({', '.join(sorted({mib(b) for b in memory[name].values()}))} MiB)"
+            )
+        elif name == "gpt2":
+            linear = (longest + args.new_tokens) / (shortest + args.new_tokens)
+            grows = "grows" if cache_growth > 1 else "DOES NOT grow"
+            print(
+                f"- gpt2: cache {longest}/{shortest} = {cache_growth:.2f}x ({grows}; "
+                f"linear in the tokens held would be {linear:.2f}x); ms/token {longest}/{shortest} = {growth:.2f}x"
+            )
+        else:
+            against = f", {memory[name][longest] / memory['gpt2'][longest]:.2f}x gpt2's" if "gpt2" in names else ""
+            print(
+                f"- {name}: ms/token {longest}/{shortest} = {growth:.2f}x; cache {longest}/{shortest} = "
+                f"{cache_growth:.2f}x (its global heads keep every token{against} at {longest})"
+            )
+
+
+if __name__ == "__main__":
+    main()
