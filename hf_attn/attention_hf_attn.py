@@ -188,54 +188,64 @@ def compiled_local_attention(
 class BandedAttention(torch.autograd.Function):
     """Attention over a few key offsets per query, with a hand-written backward.
 
-    Autograd of the same few lines allocates a fresh (B, H, T, D) tensor for every product; on CPU those
-    allocations (page faults on large blocks), not the arithmetic, dominate. Here each pass reuses one buffer
-    and accumulates in place. Inputs: `starts[j]` is where offset j's keys begin in the padded `k_padded`,
-    `visible` (B|1, n, T) says which of those keys exist and are not padding, `keep` is the dropout mask.
+    Autograd of the same few lines allocates a fresh (B, H, T, D) tensor for every product and pads the keys and
+    values; on CPU those allocations and copies (page faults on large blocks), not the arithmetic, dominate. Here
+    each offset works on slices: queries `lo:hi` meet keys `key_lo:key_lo + hi - lo` (`spans[j]`), products go
+    to one reused buffer and results accumulate in place. `visible` (B|1, n, T) says which of those keys exist
+    and are not padding; `keep` is the dropout mask.
     """
 
     @staticmethod
-    def forward(ctx, q, k_padded, v_padded, visible, starts, scale, keep):
-        length = q.shape[-2]
-        buffer = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: an `out=` for torch.compile
-        scores = q.new_empty(len(starts), *q.shape[:-1])  # (n, B, H, T): each offset's slice is contiguous
-        for j, start in enumerate(starts):
-            torch.mul(q, k_padded[:, :, start : start + length], out=buffer)
-            torch.sum(buffer, dim=-1, out=scores[j])
+    def forward(ctx, q, k, v, visible, spans, scale, keep):
+        products = torch.empty(q.numel(), dtype=q.dtype, device=q.device)  # reused by every offset
+        scores = q.new_zeros(len(spans), *q.shape[:-1])  # (n, B, H, T)
+        for j, (lo, hi, key_lo) in enumerate(spans):
+            scores[j, :, :, lo:hi] = _row_dot(q[:, :, lo:hi], k[:, :, key_lo : key_lo + hi - lo], products)
         mask = visible[:, :, None].movedim(1, 0)  # (n, B|1, 1, T)
         weights = masked_softmax((scores.float() * scale).movedim(0, -1), mask.movedim(0, -1)).movedim(-1, 0)
         weights = weights.to(q.dtype)
         applied = weights if keep is None else weights * keep
-        out = torch.zeros_like(q)
-        for j, start in enumerate(starts):
-            out.addcmul_(applied[j, ..., None], v_padded[:, :, start : start + length])
-        ctx.save_for_backward(q, k_padded, v_padded, weights, keep)
-        ctx.starts, ctx.scale = starts, scale
+        out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        for j, (lo, hi, key_lo) in enumerate(spans):
+            out[:, :, lo:hi].addcmul_(applied[j, :, :, lo:hi, None], v[:, :, key_lo : key_lo + hi - lo])
+        ctx.save_for_backward(q, k, v, weights, keep)
+        ctx.spans, ctx.scale = spans, scale
         ctx.mark_non_differentiable(weights)
         return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
-        q, k_padded, v_padded, weights, keep = ctx.saved_tensors
-        length, starts = q.shape[-2], ctx.starts
+        q, k, v, weights, keep = ctx.saved_tensors
+        spans = ctx.spans
         grad_out = grad_out.contiguous()
         applied = weights if keep is None else weights * keep
-        buffer = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: an `out=` for torch.compile
-        grad_applied = torch.empty_like(weights)  # (n, B, H, T)
-        grad_v = torch.zeros_like(v_padded)
-        for j, start in enumerate(starts):
-            torch.mul(grad_out, v_padded[:, :, start : start + length], out=buffer)
-            torch.sum(buffer, dim=-1, out=grad_applied[j])
-            grad_v[:, :, start : start + length].addcmul_(applied[j, ..., None], grad_out)
+        products = torch.empty(q.numel(), dtype=q.dtype, device=q.device)
+        grad_applied = torch.zeros_like(weights)  # (n, B, H, T)
+        grad_v = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        for j, (lo, hi, key_lo) in enumerate(spans):
+            keys = slice(key_lo, key_lo + hi - lo)
+            grad_applied[j, :, :, lo:hi] = _row_dot(grad_out[:, :, lo:hi], v[:, :, keys], products)
+            grad_v[:, :, keys].addcmul_(applied[j, :, :, lo:hi, None], grad_out[:, :, lo:hi])
         grad_weights = grad_applied if keep is None else grad_applied * keep
         # softmax backward: dS = W * (dW - sum_j W dW), then the scale
         grad_scores = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True)) * ctx.scale
-        grad_q = torch.zeros_like(q)
-        grad_k = torch.zeros_like(k_padded)
-        for j, start in enumerate(starts):
-            grad_q.addcmul_(grad_scores[j, ..., None], k_padded[:, :, start : start + length])
-            grad_k[:, :, start : start + length].addcmul_(grad_scores[j, ..., None], q)
+        grad_q = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        grad_k = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+        for j, (lo, hi, key_lo) in enumerate(spans):
+            keys = slice(key_lo, key_lo + hi - lo)
+            grad_q[:, :, lo:hi].addcmul_(grad_scores[j, :, :, lo:hi, None], k[:, :, keys])
+            grad_k[:, :, keys].addcmul_(grad_scores[j, :, :, lo:hi, None], q[:, :, lo:hi])
         return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor, products: torch.Tensor) -> torch.Tensor:
+    """(..., D) x (..., D) -> (...): the product written into the flat buffer `products`, then summed.
+
+    Compiled, the product and the sum fuse into one kernel, and the buffer would only get in the way.
+    """
+    if torch.compiler.is_compiling():
+        return (a * b).sum(-1)
+    return torch.mul(a, b, out=products[: a.numel()].view(a.shape)).sum(-1)
 
 
 def local_attention_by_offsets(
@@ -248,20 +258,21 @@ def local_attention_by_offsets(
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     query_start = num_keys - num_queries  # key index of query 0
     offsets = visibility.offsets()
-    pad_left = max(0, max(offsets) - query_start)
-    pad_right = max(0, -min(offsets))
-    k_padded = F.pad(k, (0, 0, pad_left, pad_right))  # (B, H, pad_left + S + pad_right, D)
-    v_padded = F.pad(v, (0, 0, pad_left, pad_right))
-    if key_mask is None:
-        key_mask = torch.ones(1, num_keys, dtype=torch.bool, device=q.device)
-    key_mask_padded = F.pad(key_mask.bool(), (pad_left, pad_right))  # (B|1, padded S); padding is invalid
-    starts = [query_start - offset + pad_left for offset in offsets]
-    visible = torch.stack([key_mask_padded[:, s : s + num_queries] for s in starts], dim=1)  # (B|1, n, T)
+    spans = []  # per offset: the queries [lo, hi) whose key i + query_start - offset exists, and the first key
+    for offset in offsets:
+        lo = max(0, offset - query_start)
+        hi = max(lo, min(num_queries, num_keys - query_start + offset))
+        spans.append((lo, hi, lo + query_start - offset))
+    key_index = torch.arange(num_queries, device=q.device) + query_start  # (T,)
+    key_index = key_index - torch.tensor(offsets, device=q.device)[:, None]  # (n, T)
+    visible = ((key_index >= 0) & (key_index < num_keys))[None]  # (1, n, T)
+    if key_mask is not None:
+        visible = visible & key_mask.bool()[:, key_index.clamp(0, num_keys - 1)]  # (B, n, T)
     keep = None
     if dropout > 0:
         keep_shape = (len(offsets), *q.shape[:-1])
         keep = (torch.rand(keep_shape, device=q.device) >= dropout).to(q.dtype) / (1 - dropout)
-    out, weights = BandedAttention.apply(q, k_padded, v_padded, visible, starts, scale, keep)
+    out, weights = BandedAttention.apply(q, k, v, visible, spans, scale, keep)
     return out, weights.movedim(0, -1), offsets
 
 
@@ -322,12 +333,18 @@ def local_attention_masked(
 # --- positional heads ------------------------------------------------------------------------------------------
 
 
-def positional_weights(pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def positional_weights(
+    pq: torch.Tensor, pk: torch.Tensor, mask: torch.Tensor, scale: float, every_row_sees_a_key: bool = False
+) -> torch.Tensor:
     """Paper A: softmax((P Wq)(P Wk)^T / sqrt(d)). `pq` (1|B, H, T, d), `pk` (1|B, H, S, d).
 
-    Depends on positions only, so without padding it is one (1, H, T, S) tensor for the whole batch.
+    Depends on positions only, so without padding it is one (1, H, T, S) tensor for the whole batch. When the
+    caller knows no row is empty (inclusive masks, no padding), a plain masked softmax saves two T x S passes.
     """
-    return masked_softmax(torch.matmul(pq, pk.transpose(-1, -2)).float() * scale, mask)
+    scores = torch.matmul(pq * scale, pk.transpose(-1, -2)).float()
+    if every_row_sees_a_key:
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return masked_softmax(scores, mask)
 
 
 def positional_attention(weights: torch.Tensor, v: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:

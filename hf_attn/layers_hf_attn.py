@@ -251,8 +251,10 @@ class HfAttnAttention(nn.Module):
         projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
         pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
         pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
-        mask = visibility_mask(self.visibility["positional"], length, inputs.key_mask, num_keys, device)
-        return positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5)
+        visibility = self.visibility["positional"]
+        mask = visibility_mask(visibility, length, inputs.key_mask, num_keys, device)
+        every_row_sees_a_key = visibility.attend_to_self and inputs.key_mask is None
+        return positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5, every_row_sees_a_key)
 
 
 # --- blocks ----------------------------------------------------------------------------------------------------
