@@ -1,4 +1,4 @@
-"""The decoding benchmark runs end to end at a tiny shape, and its cache figures behave as the head kinds say."""
+"""The benchmarks run end to end at a tiny shape, and their figures behave as the head kinds say."""
 
 import os
 import subprocess
@@ -7,17 +7,18 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "generation.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MODELS = ("local-1", "local-4", "hybrid-1", "gpt2")
 CONTEXTS = (16, 32)
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--vocab-size", "100"]
 
 
-def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+def run_benchmark(*args: str, script: str = "generation.py") -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, env=env, timeout=120,
+        check=False,
+    )  # fmt: skip
 
 
 def table_rows(stdout: str) -> dict[tuple[str, int], list[str]]:
@@ -52,3 +53,20 @@ def test_unknown_model_is_refused_with_the_choices():
     result = run_benchmark("--models", "local-2", *TINY)
     assert result.returncode != 0
     assert "invalid choice: 'local-2'" in result.stderr and "hybrid-1" in result.stderr
+
+
+def test_throughput_benchmark_reports_ratios_and_linear_layer_memory():
+    result = run_benchmark(
+        "--models", "local-1", "--lengths", "32", "--tokens-per-step", "64", "--repeats", "1",
+        "--layer-lengths", "4096", "16384", "--max-masked-length", "0", *TINY, script="throughput.py",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in result.stdout.splitlines()]
+    speed = {cells[0]: cells for cells in rows if len(cells) == 7 and cells[1] == "32"}
+    assert set(speed) == {"gpt2", "local-1"}, result.stdout
+    assert speed["gpt2"][4] == "1.00x" and speed["local-1"][4].endswith("x")
+    layer = {int(cells[0]): cells for cells in rows if len(cells) == 4 and cells[0].isdigit()}
+    banded = {length: float(cells[1]) for length, cells in layer.items()}
+    scores = {length: float(cells[3]) for length, cells in layer.items()}
+    assert scores[16384] == 16 * scores[4096] == 8 * 16384 * 16384 * 4 / 2**20  # what a T x T matrix would take
+    assert banded[16384] < scores[16384] / 50  # the banded layer holds O(T) tensors, never O(T^2)
