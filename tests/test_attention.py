@@ -154,14 +154,37 @@ def test_strict_first_row_is_zero_without_nan(kernel):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-@pytest.mark.parametrize("kernel", ["offsets", "chunks"])
-def test_local_bf16_close_to_fp32(kernel):
+def bf16_kernels():
+    """Every fast path, as (q, k, v, key_mask) -> output."""
+    scale = D**-0.5
+    strict_2_local = Visibility(True, False, 2)
+    return {
+        "offsets": lambda q, k, v, m: local_attention_by_offsets(q, k, v, strict_2_local, m, scale)[0],
+        "chunks": lambda q, k, v, m: local_attention_by_chunks(q, k, v, strict_2_local, m, scale),
+        "global": lambda q, k, v, m: global_attention(q, k, v, Visibility(True, False), m, scale),
+        "positional": lambda q, k, v, m: positional_attention(  # q, k stand in for P Wq, P Wk of sample 0
+            positional_weights(q[:1], k[:1], visibility_mask(Visibility(True, True), T, m, T, v.device), scale), v
+        ),
+    }
+
+
+@pytest.mark.parametrize("kernel", ["offsets", "chunks", "global", "positional"])
+@pytest.mark.parametrize("pad", ["none", "padded"])
+def test_bf16_close_to_fp32(kernel, pad):
+    """bf16 outputs and gradients within bf16's precision of the same kernel in fp32."""
     q, k, v = qkv()
-    visibility = Visibility(True, False, 2)
-    expected = local_kernels()[kernel](q, k, v, visibility, None, D**-0.5)
-    out = local_kernels()[kernel](q.bfloat16(), k.bfloat16(), v.bfloat16(), visibility, None, D**-0.5)
+    attend = bf16_kernels()[kernel]
+    probe = torch.randn(B, H, T, D)
+    expected = torch.autograd.grad((attend(q, k, v, padding(pad)) * probe).sum(), (q, k, v), allow_unused=True)
+    low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
+    out = attend(*low, padding(pad))
+    grads = torch.autograd.grad((out.float() * probe).sum(), low, allow_unused=True)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
-    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.float(), attend(q, k, v, padding(pad)), atol=3e-2, rtol=3e-2)
+    for grad, expected_grad in zip(grads, expected, strict=True):
+        if expected_grad is not None:
+            assert grad.dtype == torch.bfloat16
+            torch.testing.assert_close(grad.float(), expected_grad, atol=6e-2, rtol=6e-2)
 
 
 def assert_matches_reference(attend, q, k, v, **reference_kwargs):
