@@ -202,8 +202,9 @@ class HfAttnAttention(nn.Module):
         if cache_layer is not None:
             cache_layer.seen_tokens += length
 
-        out = self.in_layout_order(torch.cat(outputs, dim=1))  # (B, H, T, D)
-        out = out.transpose(1, 2).reshape(batch, length, -1)
+        # (B, T, H, D) heads side by side, one copy; then (B, T, C) for free
+        out = torch.cat([o.transpose(1, 2) for o in outputs], dim=2) if len(outputs) > 1 else outputs[0].transpose(1, 2)
+        out = self.in_layout_order(out, dim=2).reshape(batch, length, -1)
         out = self.resid_dropout(self.c_proj(out))
         if not output_attentions:
             return out, None
@@ -211,9 +212,9 @@ class HfAttnAttention(nn.Module):
         weights = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
         return out, self.in_layout_order(torch.cat(weights, dim=1))
 
-    def in_layout_order(self, x: torch.Tensor) -> torch.Tensor:
-        """Heads come out grouped by kind; put them back in layout order."""
-        return x if self.restore_order is None else x.index_select(1, self.restore_order.to(x.device))
+    def in_layout_order(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Heads come out grouped by kind; put them back in layout order along the head dimension `dim`."""
+        return x if self.restore_order is None else x.index_select(dim, self.restore_order.to(x.device))
 
     def content_heads_forward(self, kind, q, k, v, inputs, cache_layer, dropout, output_attentions):
         if cache_layer is not None:
