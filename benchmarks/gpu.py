@@ -570,7 +570,7 @@ def train_section(run: Run, deadline: Deadline) -> None:
         f"One training step (forward + backward + AdamW) on {plan.tokens_per_step} tokens (batch = tokens / T), "
         f"bf16 autocast with fp32 weights, {describe_shape(shape)}: `throughput.measure_speed` (models interleaved "
         f"step by step, median of {plan.repeats} after a warm-up step) and `throughput.model_peak_memory` (peak "
-        "`max_memory_allocated` over two steps beyond what the model held before, optimizer state included). "
+        "`max_memory_allocated` over the first step beyond what the model held before, optimizer state included). "
         "gpt2 is transformers' GPT2LMHeadModel with SDPA."
         + ("" if plan.cuda else " **CPU smoke run: memory is this process's resident high-water mark, meaningless.**")
     )
@@ -705,7 +705,7 @@ def memory_section(run: Run, deadline: Deadline) -> None:
     shape = shape_for(plan, max(plan.memory_lengths))
     logits = max(plan.memory_lengths) * shape.vocab_size * 4
     print(
-        f"One training step's peak memory at batch 1 (`throughput.model_peak_memory`: two steps, bf16 autocast, "
+        f"One training step's peak memory at batch 1 (`throughput.model_peak_memory`: the first step, bf16 autocast, "
         f"{describe_shape(shape)}). Both are linear in T: local-1 keeps T x k scores, and SDPA's flash kernel (gpt2) "
         "keeps no T x T matrix either, so expect ratios near 1, the T x vocab logits dominating both (in fp32 "
         f"{logits / MIB:,.0f} MiB per copy at T = {max(plan.memory_lengths)}). local-1 masked builds a T x T mask per "

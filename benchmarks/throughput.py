@@ -3,7 +3,7 @@
 One training step = forward + backward + AdamW step on `tokens_per_step` tokens (batch = tokens / T). The models
 are timed in one process, interleaved step by step, and every figure is the median over `--repeats` steps divided
 by GPT-2's median from the same run (machines are noisy; absolute times mean little). Peak memory is measured
-per model in a fresh process: the resident-memory high-water mark during two steps, less what the process held
+per model in a fresh process: the resident-memory high-water mark during its first step, less what the process held
 before them (CPU), or `max_memory_allocated` (CUDA). A last table runs one 1-local attention layer alone to show
 its memory grows linearly in T where a T x T score matrix would not fit.
 
@@ -81,9 +81,9 @@ def peak_bytes_of(work, device: str) -> int:
 
 
 def model_peak_memory(args, shape: Shape, name: str, length: int) -> int:
-    """Two training steps of model `name` at length T."""
+    """The first training step of model `name` at length T (it also creates AdamW's state)."""
     trainee = Trainee(name, shape, args.tokens_per_step // length, length, args)
-    return peak_bytes_of(lambda: (trainee.step(), trainee.step()), args.device)
+    return peak_bytes_of(trainee.step, args.device)
 
 
 def layer_peak_memory(args, shape: Shape, length: int, masked: bool) -> int:
@@ -138,7 +138,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), metavar="MODEL",
                         help=f"models to compare, from {list(MODELS)}; gpt2 is always included")  # fmt: skip
-    parser.add_argument("--tokens-per-step", type=int, default=8192, help="batch x T of one step")
+    parser.add_argument("--tokens-per-step", type=int, default=4096, help="batch x T of one step")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per model (median)")
     parser.add_argument("--n-layer", type=int, default=Shape.n_layer)
     parser.add_argument("--n-embd", type=int, default=Shape.n_embd)
