@@ -8,6 +8,7 @@ before them (CPU), or `max_memory_allocated` (CUDA). A last table runs one 1-loc
 its memory grows linearly in T where a T x T score matrix would not fit.
 
     python benchmarks/throughput.py                                   # T in {1024, 4096}, every model
+    python benchmarks/throughput.py --vocab-size 50257                # with GPT-2's output layer
     python benchmarks/throughput.py --lengths 1024 --repeats 3 --models gpt2 local-1
     python benchmarks/throughput.py --device cuda --dtype bf16         # on a GPU, bf16 autocast
 """
@@ -143,7 +144,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n-layer", type=int, default=Shape.n_layer)
     parser.add_argument("--n-embd", type=int, default=Shape.n_embd)
     parser.add_argument("--n-head", type=int, default=Shape.n_head)
-    parser.add_argument("--vocab-size", type=int, default=Shape.vocab_size)
+    parser.add_argument("--vocab-size", type=int, default=256,
+                        help="256 (byte-level): the layers, not the output layer all models share, dominate a step; "
+                        f"{Shape.vocab_size} for GPT-2's vocabulary")  # fmt: skip
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="bf16: autocast, fp32 weights")
     parser.add_argument("--compile", action="store_true", help="torch.compile the hf_attn models")
