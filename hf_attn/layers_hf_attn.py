@@ -240,13 +240,13 @@ class HfAttnAttention(nn.Module):
         whole_sequence = length == inputs.num_keys  # not a decoding step
         weights = self.inference_weights.get(self.p_attn, inputs) if whole_sequence else None
         if weights is None:
-            weights = self.positional_weights(length, inputs, v.device)
+            weights = self.weights_from_positions(length, inputs, v.device)
             if whole_sequence:
                 self.inference_weights.keep(self.p_attn, inputs, weights)
         weights = weights.to(v.dtype)
         return positional_attention(weights, v, dropout), weights
 
-    def positional_weights(self, length: int, inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
+    def weights_from_positions(self, length: int, inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
         rows = inputs.positional_rows  # (B|1, S, d_P)
         num_keys = rows.shape[1]
         projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)

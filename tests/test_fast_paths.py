@@ -118,13 +118,13 @@ def test_bf16_autocast_close_to_fp32(model_type):
 def weight_computations(monkeypatch):
     """Counts how often positional heads compute their weights."""
     calls = []
-    compute = HfAttnAttention.positional_weights
+    compute = HfAttnAttention.weights_from_positions
 
     def counted(self, *args, **kwargs):
         calls.append(self.layer_idx)
         return compute(self, *args, **kwargs)
 
-    monkeypatch.setattr(HfAttnAttention, "positional_weights", counted)
+    monkeypatch.setattr(HfAttnAttention, "weights_from_positions", counted)
     return calls
 
 
