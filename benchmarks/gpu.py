@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from common import MODELS, Shape, build_model, describe_machine, median, timed
+from common import Shape, build_model, describe_machine, median, timed
 from generation import decode, mib, ratio
 from throughput import MIB, measure_speed, model_peak_memory
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -608,14 +608,7 @@ def memory_ratio(memory: dict[str, int | str], name: str) -> str:
 # --- 2b. training throughput, compiled -------------------------------------------------------------------------
 
 
-COMPILED_KERNEL = " compiled kernel"
-
-
-def register_compiled_kernel_models() -> None:
-    """'local-1 compiled kernel' and 'hybrid-1 compiled kernel': the library's `local_attention_impl="compiled"`
-    (torch.compile around the local kernel alone), which `common.MODELS` does not list, so `build_model` knows them."""
-    for name in ("local-1", "hybrid-1"):
-        MODELS[name + COMPILED_KERNEL] = {**MODELS[name], "local_attention_impl": "compiled"}
+COMPILED_KERNEL = " compiled kernel"  # common.MODELS names: the local kernel alone under torch.compile
 
 
 def compiled_train_section(run: Run, deadline: Deadline) -> None:
@@ -812,7 +805,6 @@ def main() -> None:
     args = parse_args()
     plan = SMOKE_PLAN if args.smoke else GPU_PLAN
     allow_recompiles(64)
-    register_compiled_kernel_models()
     run = Run(plan)
     output = Tee(sys.stdout, args.output)
     try:

@@ -20,7 +20,7 @@ import sys
 from contextlib import nullcontext
 
 import torch
-from common import MODELS, Shape, build_model, describe_machine, median, peak_rss_bytes, rss_bytes, timed
+from common import EAGER_MODELS, MODELS, Shape, build_model, describe_machine, median, peak_rss_bytes, rss_bytes, timed
 
 from hf_attn.attention_hf_attn import Visibility, local_attention, local_attention_masked
 
@@ -137,7 +137,7 @@ def print_layer_memory(args, shape: Shape) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), metavar="MODEL",
+    parser.add_argument("--models", nargs="+", default=EAGER_MODELS, choices=list(MODELS), metavar="MODEL",
                         help=f"models to compare, from {list(MODELS)}; gpt2 is always included")  # fmt: skip
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="batch x T of one step")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per model (median)")
