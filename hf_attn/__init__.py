@@ -23,6 +23,17 @@ def _register() -> None:
 
 _register()
 
+
+def __getattr__(name: str):
+    """`convert_gpt2` loads on first use, so `python -m hf_attn.convert_gpt2` finds its module not yet imported."""
+    if name == "convert_gpt2":
+        from .convert_gpt2 import convert_gpt2 as function
+
+        globals()[name] = function  # importing the submodule bound its name to the module, not the function
+        return function
+    raise AttributeError(f"module 'hf_attn' has no attribute {name!r}")
+
+
 __all__ = [
     "HeadKindCache",
     "HfAttnConfig",
@@ -30,4 +41,5 @@ __all__ = [
     "LocalGPT2Config",
     "HybridGPT2Config",
     *_modeling_all,
+    "convert_gpt2",  # noqa: F405  (loaded on first use by __getattr__)
 ]
