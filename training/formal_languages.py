@@ -39,7 +39,7 @@ from hf_attn.configuration_hf_attn import BLOCK_STYLES
 from hf_attn.data.formal_languages import LANGUAGES, FormalLanguageVocab, formal_language_dataset, sample_strings
 from hf_attn.experiments import InMemoryDataset, Run, finish_run, grid_table, plot_heatmap
 from training.common import parse_config, run_all, run_config, runs_for
-from training.wikitext import parse_variant
+from training.variants import parse_variant, variant_problems
 
 POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
 TEST_SEED = 1_000_000  # test sets depend only on (language, length): every run is tested on the same strings
@@ -116,12 +116,7 @@ def longest_perfect_length(lengths: list[int], accuracies: list[float]) -> int:
 
 def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
     """Every problem at once, before any data is built or model trained."""
-    problems = []
-    for variant in experiment.variants:
-        try:
-            parse_variant(variant)
-        except ValueError as error:
-            problems.append(str(error))
+    problems = variant_problems(experiment.variants)
     e = experiment  # short, for the messages below
     if not 1 <= e.train_min_length <= e.train_max_length:
         problems.append(f"need 1 <= train_min_length ({e.train_min_length}) <= train_max_length ({e.train_max_length})")

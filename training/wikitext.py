@@ -16,7 +16,6 @@ evaluated on test).
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +26,9 @@ from hf_attn.configuration_hf_attn import BLOCK_STYLES
 from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
 from hf_attn.experiments import InMemoryDataset, Run, aggregate, finish_run, markdown_table, perplexity, plot_bars
 from training.common import parse_config, run_all, run_config, runs_for
+from training.variants import parse_variant, variant_problems
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
-VARIANT_PATTERN = re.compile(r"^(global|local-(\d+)|hybrid-(\d+))$")
 
 
 @dataclass
@@ -67,27 +66,9 @@ class ModelArguments:
     vocab_size: int | None = field(default=None, metadata={"help": "Embedding rows; default the tokenizer's size."})
 
 
-def parse_variant(variant: str) -> dict:
-    """`global` / `local-K` / `hybrid-K` as config fields."""
-    match = VARIANT_PATTERN.match(variant)
-    if match is None:
-        raise ValueError(f"variant {variant!r} must be `global`, `local-K` or `hybrid-K` with K >= 1")
-    if variant == "global":
-        return dict(model_type="hybrid_gpt2", num_local_heads=0)
-    window = int(match.group(2) or match.group(3))
-    if window < 1:
-        raise ValueError(f"variant {variant!r}: the window K must be >= 1")
-    return dict(model_type="local_gpt2" if match.group(2) else "hybrid_gpt2", local_window=window)
-
-
 def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
     """Every problem at once, before data or the tokenizer are loaded."""
-    problems = []
-    for variant in experiment.variants:
-        try:
-            parse_variant(variant)
-        except ValueError as error:
-            problems.append(str(error))
+    problems = variant_problems(experiment.variants)
     if experiment.block_size < 2:
         problems.append(f"block_size must be >= 2, got {experiment.block_size}")
     stride = experiment.eval_stride
