@@ -1,13 +1,16 @@
 """What every experiment family shares: run folders that resume and never overwrite, metrics, tables and plots.
 
-A run is one (model, seed) of one experiment; it writes `results.json` into its own folder when it finishes. An
-experiment aggregates its runs' results into `results.md` (mean and median over seeds) and PNG plots.
+A run is one (model, seed) of one experiment; it writes `results.json` and a Hub-ready `model/` folder into its own
+folder when it finishes. An experiment aggregates its runs' results into `results.md` (mean and median over seeds)
+and PNG plots. Under `torchrun` or `accelerate launch` every process trains and evaluates; only the main process
+writes results, cards and reports.
 """
 
 import dataclasses
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -16,8 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Trainer, TrainerCallback
+from accelerate import PartialState
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
+
+from .hub import write_model_card
+from .modeling_hf_attn import HfAttnPreTrainedModel, enable_remote_code
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +66,18 @@ class Run:
         output = trainer.train(resume_from_checkpoint=self.checkpoint_to_resume(resume))
         return output, time.perf_counter() - start
 
+    @property
+    def model_folder(self) -> Path:
+        return self.folder / "model"
+
     def write_results(self, results: dict) -> None:
-        """Written once, atomically, so a crash never leaves a half-written file that counts as finished."""
+        """Written atomically, so a crash never leaves a half-written file that counts as finished, and only once:
+        a second writer (another process of a multi-process run) fails instead of silently overwriting."""
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.results_file.with_suffix(".json.partial")
         partial.write_text(json.dumps(results, indent=2, default=_json_default))
-        partial.replace(self.results_file)
+        os.link(partial, self.results_file)  # raises FileExistsError if the results exist
+        partial.unlink()
 
     def read_results(self) -> dict:
         return json.loads(self.results_file.read_text())
@@ -76,6 +89,18 @@ def _json_default(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+# --- processes -----------------------------------------------------------------------------------------------
+
+
+def is_main_process() -> bool:
+    """True in a single-process run and in the main process of a `torchrun` / `accelerate launch` run."""
+    return PartialState().is_main_process
+
+
+def wait_for_everyone() -> None:
+    PartialState().wait_for_everyone()
 
 
 # --- training --------------------------------------------------------------------------------------------------
@@ -99,21 +124,43 @@ def plateau_trainer(model, train_set, run: Run, training_args, factor: float, pa
     """Paper A's optimisation: Adam without weight decay, ReduceLROnPlateau on each epoch's mean training loss."""
     optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=factor, patience=patience, min_lr=min_lr)
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, logging_strategy="epoch")
+    args = run_arguments(training_args, run, logging_strategy="epoch")
     return Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
                    callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
 
 
-def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scale: dict, **fields) -> dict:
-    """Saves the model (`run.folder/model`) and returns the run's results: what every family records, plus `fields`."""
+def run_arguments(training_args: TrainingArguments, run: Run, **changes) -> TrainingArguments:
+    """The arguments of one run's Trainer: its folder and seed. Trainer itself never pushes (it would push every run
+    to the same repository); `training.common.run_all` pushes each finished run to its own."""
+    return dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, push_to_hub=False,
+                               hub_token=None, **changes)  # fmt: skip
+
+
+def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scale: dict, tokenizer=None,
+               **fields) -> dict:  # fmt: skip
+    """Saves the Hub-ready model folder (`run.model_folder`) and returns the run's results: what every family
+    records, plus `fields`.
+
+    The folder holds the weights (safetensors), the config with `use_cache=True`, hf_attn's modeling code with a
+    full `auto_map` (so `trust_remote_code=True` loads it anywhere), the tokenizer (Trainer's `processing_class`, or
+    `tokenizer` where passing it to Trainer would change its data collator) and the model card (`README.md`) with
+    the results as `model-index`.
+    """
     model = trainer.model
     model.config.use_cache = True  # Trainer turns it off for training; a saved model should decode with a cache
-    trainer.save_model(str(run.folder / "model"))
-    return {
+    if isinstance(model, HfAttnPreTrainedModel):
+        enable_remote_code(model)
+    results = {
         "model": run.model, "seed": run.seed, "model_type": model.config.model_type,
         "parameters": model.num_parameters(), "train_loss": train_output.training_loss, "train_seconds": seconds,
-        **fields, "by_scale": by_scale,
+        "processes": trainer.args.world_size, **fields, "by_scale": by_scale,
     }  # fmt: skip
+    trainer.save_model(str(run.model_folder))  # every process calls it: under FSDP they gather the weights together
+    if trainer.is_world_process_zero():
+        if tokenizer is not None:
+            tokenizer.save_pretrained(run.model_folder)
+        write_model_card(run.model_folder, json.loads(json.dumps(results, default=_json_default)), model.config)
+    return results
 
 
 class PlateauOnTrainingLoss(TrainerCallback):
@@ -345,6 +392,9 @@ __all__ = [
     "PlateauOnTrainingLoss",
     "plateau_trainer",
     "finish_run",
+    "run_arguments",
+    "is_main_process",
+    "wait_for_everyone",
     "regression_metrics",
     "perplexity",
     "aggregate",

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hub_checks import check_hub_folder
 from transformers import AutoModelForTokenClassification, TrainingArguments
 
 import training.formal_languages as formal
@@ -43,6 +44,7 @@ def test_tiny_run_writes_results_tables_heatmaps_and_models(tmp_path):
                 assert 0 <= results["mean_accuracy"] <= 1 and results["longest_perfect_length"] in (0, 10, 12, 14)
                 saved = AutoModelForTokenClassification.from_pretrained(run / "model")
                 assert saved.config.num_labels == 2 and saved.config.n_positions == 16
+                check_hub_folder(run / "model", {"accuracy"}, tokenizer=False)
     report = (language / "results.md").read_text()
     assert "| variant | none | rope |" in report and "| hybrid-1 | " in report and "## learning rate 0.003" in report
     assert "| variant | ab_star |" in (tmp_path / "results.md").read_text()

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hub_checks import check_hub_folder
 from transformers import AutoModelForTokenClassification, TrainingArguments
 from transformers.trainer_utils import PredictionOutput
 
@@ -57,6 +58,7 @@ def test_tiny_run_writes_results_depth_table_plots_and_models(tmp_path):
             assert saved.config.use_cache and saved.config.n_layer == depth
             assert saved.config.model_type == results["model_type"]
             assert saved.config.num_labels == InductionVocab(3).vocab_size
+            check_hub_folder(run / "model", {"accuracy_id", "accuracy_ood", "loss_id", "loss_ood"}, tokenizer=False)
     report = (tmp_path / "results.md").read_text()
     assert "| depth | positional mean | positional median | standard mean | standard median |" in report
     assert "\n| 1 | " in report and "\n| 2 | " in report

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hub_checks import check_hub_folder
 from transformers import AutoModelForCausalLM, TrainingArguments
 
 import training.init_gpt2 as init_gpt2
@@ -47,6 +48,9 @@ def test_tiny_run_compares_all_three_models(tmp_path, tiny_gpt2):
                 assert metrics["unparsed"] == 0 and metrics["mse"] >= 0
     gpt2 = AutoModelForCausalLM.from_pretrained(tmp_path / "min" / "gpt2" / "seed-0" / "model")
     assert gpt2.config.use_cache
+    for model in ("positional", "standard", "gpt2"):
+        check_hub_folder(tmp_path / "min" / model / "seed-0" / "model", {"mse", "mape", "unparsed"},
+                         tokenizer=model == "gpt2")  # fmt: skip
     report = (tmp_path / "min" / "results.md").read_text()
     assert "| c | positional mean | positional median | standard mean | standard median | gpt2 mean |" in report
     assert all((tmp_path / "min" / f"{m}.png").exists() for m in ("mse", "mape", "unparsed"))

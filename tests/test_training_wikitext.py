@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hub_checks import check_hub_folder
 from transformers import AutoModelForCausalLM, TrainingArguments
 
 import training.wikitext as wikitext
@@ -35,6 +36,9 @@ def test_tiny_run_writes_results_table_and_bar_plot(tmp_path):
         assert AutoModelForCausalLM.from_pretrained(
             tmp_path / "learned" / variant / "seed-0" / "model"
         ).config.use_cache
+        card = check_hub_folder(tmp_path / "learned" / variant / "seed-0" / "model", {"perplexity"}, tokenizer=True)
+        assert card.data.datasets == ["Salesforce/wikitext"] and card.data.pipeline_tag == "text-generation"
+        assert "REDUCED PROTOCOL" in card.text
     report = (tmp_path / "results.md").read_text()
     assert "REDUCED PROTOCOL" in report and "| variant | learned mean | learned median |" in report
     assert (tmp_path / "perplexity.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,5 @@
-"""Plumbing shared by the experiment scripts: one YAML config plus command-line overrides, parsed the HF way."""
+"""Plumbing shared by the experiment scripts: one YAML config plus command-line overrides, parsed the HF way; every
+run of an experiment, each pushed to its own Hub repository when asked to."""
 
 import dataclasses
 import functools
@@ -8,9 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from transformers import HfArgumentParser
+from transformers import AutoConfig, HfArgumentParser, TrainingArguments
 
-from hf_attn.experiments import Run, write_report
+from hf_attn.experiments import Run, is_main_process, wait_for_everyone, write_report
+from hf_attn.hub import hub_problems, push_run, run_repo_id
+
+BOOLEAN_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0"}  # what HfArgumentParser reads as a bool
 
 
 def yaml_to_argv(path: Path) -> list[str]:
@@ -31,6 +35,14 @@ def yaml_to_argv(path: Path) -> list[str]:
     return argv
 
 
+def push_to_hub_as_repo_id(argv: list[str]) -> list[str]:
+    """`--push_to_hub REPO_ID` as TrainingArguments' `--push_to_hub true --hub_model_id REPO_ID`."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--push_to_hub" and argv[i + 1].lower() not in BOOLEAN_WORDS and not argv[i + 1].startswith("--"):
+            return [*argv[:i], "--push_to_hub", "true", "--hub_model_id", argv[i + 1], *argv[i + 2 :]]
+    return argv
+
+
 def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     """`script.py CONFIG.yaml [--field value ...]`: every field is checked by argparse, unknown keys are errors."""
     argv = sys.argv[1:] if argv is None else argv
@@ -41,22 +53,49 @@ def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple
             parser.error(f"config file {config_path} does not exist")
         argv = yaml_to_argv(config_path) + argv[1:]
     *parsed, unknown = parser.parse_args_into_dataclasses(
-        args=argv, look_for_args_file=False, return_remaining_strings=True
+        args=push_to_hub_as_repo_id(argv), look_for_args_file=False, return_remaining_strings=True
     )
     if unknown:
         parser.error(f"unrecognized arguments (no such field): {' '.join(unknown)}; see --help for every field")
+    for args in parsed:
+        if isinstance(args, TrainingArguments) and (problems := hub_problems(args.push_to_hub, args.hub_token)):
+            parser.error("; ".join(problems))
     return tuple(parsed)
 
 
-def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict]) -> list[dict]:
-    """Trains and evaluates every unfinished run; finished ones are kept as they are. Returns all results."""
+def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training_args: TrainingArguments) -> list[dict]:
+    """Trains and evaluates every unfinished run; finished ones are kept as they are. Returns all results.
+
+    Under `torchrun` / `accelerate launch` every process trains and evaluates each run; the main process writes its
+    results and, with `--push_to_hub`, uploads its model folder to `HUB_MODEL_ID-<run path>` (finished runs too).
+    """
     for run in runs:
         if run.finished:
-            print(f"{run.folder}: finished earlier, kept as it is")
-            continue
-        run.write_results(train_and_evaluate(run))
-        print(f"{run.folder}: done")
+            say(f"{run.folder}: finished earlier, kept as it is")
+        else:
+            results = train_and_evaluate(run)
+            if is_main_process():
+                run.write_results(results)
+                say(f"{run.folder}: done")
+            wait_for_everyone()  # every process then sees the run as finished
+        if training_args.push_to_hub and is_main_process():
+            push(run, training_args)
     return [run.read_results() for run in runs]
+
+
+def push(run: Run, training_args: TrainingArguments) -> None:
+    base = training_args.hub_model_id or Path(training_args.output_dir).name
+    repo_id = run_repo_id(base, run.folder.relative_to(training_args.output_dir))
+    config = AutoConfig.from_pretrained(run.model_folder)
+    url = push_run(run.model_folder, run.read_results(), config, repo_id, training_args.hub_token,
+                   training_args.hub_private_repo)  # fmt: skip
+    say(f"{run.folder}: pushed to {url}")
+
+
+def say(message: str) -> None:
+    """Prints from the main process only, so a multi-process run reports each event once."""
+    if is_main_process():
+        print(message, flush=True)
 
 
 def runs_for(folder: Path, models: list[str], seeds: list[int]) -> list[Run]:
@@ -79,5 +118,7 @@ TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device
 def run_experiment(folder: Path, models: list[str], seeds: list[int], train_and_evaluate, heading: str, metrics,
                    **arguments) -> None:  # fmt: skip
     """Every (model, seed) run of one experiment in `folder`, then its report (printed and in results.md)."""
-    results = run_all(runs_for(folder, models, seeds), functools.partial(train_and_evaluate, **arguments))
-    print(write_report(folder, heading, results, metrics))
+    train = functools.partial(train_and_evaluate, **arguments)
+    results = run_all(runs_for(folder, models, seeds), train, arguments["training_args"])
+    if is_main_process():
+        print(write_report(folder, heading, results, metrics))

@@ -24,7 +24,6 @@ Writes OUTPUT_DIR/LANGUAGE/POSITIONS/lr-LR/VARIANT/seed-S/{results.json, model/}
 {results.md, accuracy.png} per language and OUTPUT_DIR/{results.md, accuracy_POSITIONS.png} across languages.
 """
 
-import dataclasses
 import functools
 import itertools
 import statistics
@@ -37,7 +36,15 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, T
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES
 from hf_attn.data.formal_languages import LANGUAGES, FormalLanguageVocab, formal_language_dataset, sample_strings
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, grid_table, plot_heatmap
+from hf_attn.experiments import (
+    InMemoryDataset,
+    Run,
+    finish_run,
+    grid_table,
+    is_main_process,
+    plot_heatmap,
+    run_arguments,
+)
 from training.common import parse_config, run_all, run_config, runs_for
 from training.variants import parse_variant, variant_problems
 
@@ -177,7 +184,7 @@ def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: f
     model = build_model(run.model, positions, model_args, language, experiment.test_max_length + 2)  # + <bos>, <eos>
     train = formal_language_dataset(language, experiment.train_samples, experiment.train_min_length,
                                      experiment.train_max_length, seed=run.seed)  # fmt: skip
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed, learning_rate=learning_rate)
+    args = run_arguments(training_args, run, learning_rate=learning_rate)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
     train_output, seconds = run.train(trainer, experiment.resume)
     lengths = evaluated_lengths(language, experiment)
@@ -277,8 +284,9 @@ def main(argv: list[str] | None = None) -> None:
             train_and_evaluate, language=language, positions=positions, learning_rate=lr, experiment=experiment,
             model_args=model_args, training_args=training_args,
         )  # fmt: skip
-        results += run_all(runs, train)
-    print(write_reports(output_dir, results, experiment))
+        results += run_all(runs, train, training_args)
+    if is_main_process():
+        print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":

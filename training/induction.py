@@ -12,7 +12,6 @@ standard attention solves it in distribution with about 3 layers, positional att
 Writes OUTPUT_DIR/depth-D/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/{results.md, *.png}.
 """
 
-import dataclasses
 import functools
 import statistics
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.data.induction import IGNORE_INDEX
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, write_report
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, is_main_process, run_arguments, write_report
 from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard")
@@ -169,7 +168,7 @@ def train_and_evaluate(
     set_seed(run.seed)
     model = AutoModelForTokenClassification.from_config(model_config(run.model, depth, model_args, experiment))
     train_set = khop_dataset(experiment.train_samples, experiment.length, experiment.max_hops, "train", run.seed)
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed)
+    args = run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train_set))
     train_output, seconds = run.train(trainer, experiment.resume)
     return finish_run(
@@ -188,9 +187,10 @@ def main(argv: list[str] | None = None) -> None:
         runs = runs_for(output_dir / f"depth-{depth}", experiment.models, experiment.seeds)
         train = functools.partial(train_and_evaluate, depth=depth, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
-        results += run_all(runs, train)
+        results += run_all(runs, train, training_args)
     metrics = report_metrics(experiment.max_hops)
-    print(write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)"))
+    if is_main_process():
+        print(write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)"))
 
 
 if __name__ == "__main__":

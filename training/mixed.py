@@ -14,7 +14,6 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 mape.png} per task.
 """
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from transformers.trainer_utils import TrainOutput
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer
+from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer, run_arguments
 from training.common import parse_config, run_config, run_experiment
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
@@ -203,13 +202,14 @@ def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, Tr
     texts = mixed_dataset(samples, task, rendering="text", seed=run.seed)
     train_set = texts.map(lambda rows: tokenizer([t + tokenizer.eos_token for t in rows["text"]]), batched=True,
                           remove_columns=texts.column_names)  # fmt: skip
-    args = dataclasses.replace(
-        training_args, output_dir=str(run.folder), seed=run.seed, learning_rate=experiment.baseline_learning_rate,
+    args = run_arguments(
+        training_args, run, learning_rate=experiment.baseline_learning_rate,
         num_train_epochs=experiment.baseline_epochs, per_device_train_batch_size=experiment.baseline_batch_size,
         warmup_steps=experiment.baseline_warmup_steps, lr_scheduler_type="linear", weight_decay=0.0,
     )  # fmt: skip
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator)
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator,
+                      processing_class=tokenizer)  # saved with the model  # fmt: skip
     output, _ = run.train(trainer, experiment.resume)
     by_scale = {}
     for scale in experiment.scales:

@@ -14,7 +14,6 @@ perplexity.png}. Offline without the train split, every output says REDUCED PROT
 evaluated on test).
 """
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Traine
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES
 from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
-from hf_attn.experiments import InMemoryDataset, Run, aggregate, finish_run, markdown_table, perplexity, plot_bars
-from training.common import parse_config, run_all, run_config, runs_for
+from hf_attn.experiments import (
+    InMemoryDataset,
+    Run,
+    aggregate,
+    finish_run,
+    is_main_process,
+    markdown_table,
+    perplexity,
+    plot_bars,
+    run_arguments,
+)
+from training.common import parse_config, run_all, run_config, runs_for, say
 from training.variants import parse_variant, variant_problems
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
@@ -98,8 +107,7 @@ def build_model(variant: str, positions: str, model: ModelArguments, vocab_size:
 def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, training_args) -> dict:
     set_seed(run.seed)
     model = build_model(run.model, positions, model_args, data["vocab_size"], experiment.block_size)
-    args = dataclasses.replace(training_args, output_dir=str(run.folder), seed=run.seed)
-    trainer = Trainer(model=model, args=args, train_dataset=data["train"])
+    trainer = Trainer(model=model, args=run_arguments(training_args, run), train_dataset=data["train"])
     train_output, seconds = run.train(trainer, experiment.resume)
     stride = experiment.eval_stride or experiment.block_size // 2
     scores = perplexity(
@@ -108,7 +116,7 @@ def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, t
     return finish_run(
         trainer, run, train_output, seconds, {run.model: scores}, experiment="wikitext", positions=positions,
         protocol=data["description"], context_length=experiment.block_size, eval_stride=stride,
-        config=run_config(experiment, model_args, training_args),
+        config=run_config(experiment, model_args, training_args), tokenizer=data["tokenizer"],
     )  # fmt: skip
 
 
@@ -124,14 +132,15 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
     train_ids = tokenize_text(splits.train_text, tokenizer)[: experiment.max_train_tokens]
     eval_ids = tokenize_text(splits.eval_text, tokenizer)[: experiment.max_eval_tokens]
     train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
-    return {"train": train, "eval_ids": eval_ids, "vocab_size": vocab_size, "description": splits.description}
+    return {"train": train, "eval_ids": eval_ids, "vocab_size": vocab_size, "tokenizer": tokenizer,
+            "description": splits.description}
 
 
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args)
     data = load_data(experiment, model_args)
-    print(data["description"])
+    say(data["description"])
     output_dir = Path(training_args.output_dir)
     results = []
     for positions in experiment.position_embeddings:
@@ -139,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
                                   model_args=model_args, training_args=training_args)  # fmt: skip
         # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
-        results += [{**result, "model": positions} for result in run_all(runs, train)]
+        results += [{**result, "model": positions} for result in run_all(runs, train, training_args)]
+    if not is_main_process():
+        return
     summary = aggregate(results, "perplexity")
     stride = experiment.eval_stride or experiment.block_size // 2
     report = "\n\n".join([

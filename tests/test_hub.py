@@ -1,0 +1,163 @@
+"""Hub-ready run folders and `--push_to_hub`, against a local stand-in for the Hub's API: nothing leaves the machine."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hub_checks import check_hub_folder
+from huggingface_hub import ModelCard, RepoUrl
+from transformers import AutoModelForTokenClassification, TrainingArguments
+
+import hf_attn.hub
+import training.algorithmic as algorithmic
+from training.common import parse_config
+
+QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
+TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
+        "--num_train_epochs", "1", "--scales", "1", "3"]  # fmt: skip
+RUNS = ("cumulative_min/positional/seed-0", "cumulative_min/standard/seed-0")
+
+
+class StandInHub:
+    """Takes `HfApi`'s place: records each call and keeps a copy of every uploaded folder under `root/REPO_ID`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.created: list[tuple[str, bool | None]] = []
+        self.uploaded: list[str] = []
+
+    def __call__(self, token=None):  # `HfApi(token=...)`
+        self.token = token
+        return self
+
+    def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
+        assert exist_ok, "a rerun must be able to push to the repository it created before"
+        self.created.append((repo_id, private))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message=None, **kwargs):
+        shutil.copytree(folder_path, self.root / repo_id, dirs_exist_ok=True)
+        self.uploaded.append(repo_id)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> StandInHub:
+    stand_in = StandInHub(tmp_path / "hub")
+    monkeypatch.setattr(hf_attn.hub, "HfApi", stand_in)
+    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    return stand_in
+
+
+def tiny_run(output_dir: Path, *extra: str) -> None:
+    algorithmic.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
+
+
+def test_every_run_saves_a_hub_ready_folder_with_its_results_in_the_card(tmp_path):
+    tiny_run(tmp_path / "out")
+    for run in RUNS:
+        card = check_hub_folder(tmp_path / "out" / run / "model", {"mse", "accuracy"}, tokenizer=False)
+        assert "arxiv:2410.01686" in card.data.tags and card.data.pipeline_tag == "token-classification"
+        assert "| layers | global heads | local heads | positional heads |" in card.text
+        assert 'from_pretrained("path/to/this/folder", trust_remote_code=True)' in card.text
+
+
+def test_push_to_hub_uploads_each_run_to_its_own_repository(tmp_path, hub):
+    tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in", "--hub_private_repo", "true")
+    repo_ids = [f"me/attn-{run.replace('/', '-')}" for run in RUNS]
+    assert hub.created == [(repo_id, True) for repo_id in repo_ids] and hub.uploaded == repo_ids
+    assert hub.token == "hf_stand_in"
+    for run, repo_id in zip(RUNS, repo_ids, strict=True):
+        local, pushed = tmp_path / "out" / run / "model", hub.root / repo_id
+        pushed_files = {p.name for p in pushed.iterdir()}
+        assert pushed_files == {p.name for p in local.iterdir()}
+        assert {"model.safetensors", "config.json", "README.md", "modeling_hf_attn.py"} <= pushed_files
+        card = ModelCard.load(pushed / "README.md")
+        assert f'from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
+        assert card.data.eval_results == ModelCard.load(local / "README.md").data.eval_results
+        # Trainer never pushed by itself, and the token was not pickled into the uploaded training arguments.
+        saved_args = torch.load(pushed / "training_args.bin", weights_only=False)
+        assert saved_args.push_to_hub is False and saved_args.hub_token is None
+
+
+def test_finished_runs_are_pushed_later_without_training_again(tmp_path, hub, capsys):
+    tiny_run(tmp_path / "out")
+    results = (tmp_path / "out" / RUNS[0] / "results.json").read_text()
+    tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in")
+    assert hub.uploaded == [f"me/attn-{run.replace('/', '-')}" for run in RUNS]
+    assert (tmp_path / "out" / RUNS[0] / "results.json").read_text() == results
+    assert capsys.readouterr().out.count("finished earlier, kept as it is") == len(RUNS)
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_attn"] = None  # only the code uploaded with the weights can load the model
+    import torch
+    from transformers import AutoModelForTokenClassification
+    model = AutoModelForTokenClassification.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+    inputs = torch.load(sys.argv[2])
+    with torch.no_grad():
+        torch.save(model(**inputs).logits, sys.argv[3])
+    """
+)
+
+
+def test_a_pushed_folder_loads_with_trust_remote_code_where_hf_attn_is_not_installed(tmp_path, hub):
+    tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in", "--models", "positional")
+    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "out" / RUNS[0] / "model").eval()
+    inputs = {"numeric_values": torch.randn(3, 9)}  # 8 numbers and the scratchpad, as the card says
+    torch.save(inputs, tmp_path / "inputs.pt")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    command = [sys.executable, "-c", REMOTE_LOAD, str(hub.root / "me/attn-cumulative_min-positional-seed-0"),
+               str(tmp_path / "inputs.pt"), str(tmp_path / "logits.pt")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=0, atol=0)
+
+
+def parse_training(argv: list[str]) -> TrainingArguments:
+    return parse_config((algorithmic.ExperimentArguments, algorithmic.ModelArguments, TrainingArguments), argv)[2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--push_to_hub", "me/attn"],
+        ["--push_to_hub", "true", "--hub_model_id", "me/attn"],
+        ["--push_to_hub", "--hub_model_id", "me/attn"],
+        ["--hub_model_id", "me/attn", "--push_to_hub", "yes"],
+    ],
+)
+def test_push_to_hub_takes_a_repo_id_or_transformers_spelling(argv, hub):
+    training_args = parse_training([QUICKSTART, "--hub_token", "hf_stand_in", *argv])
+    assert training_args.push_to_hub is True and training_args.hub_model_id == "me/attn"
+
+
+def test_push_to_hub_false_stays_off():
+    assert parse_training([QUICKSTART, "--push_to_hub", "false"]).push_to_hub is False
+
+
+def test_push_without_the_hub_or_a_token_stops_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit):
+        tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in")
+    assert "HF_HUB_OFFLINE" in capsys.readouterr().err
+    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_attn.hub, "get_token", lambda: None)
+    with pytest.raises(SystemExit):
+        tiny_run(tmp_path / "out", "--push_to_hub", "me/attn")
+    assert "hf auth login" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("base", ["me/bad--name", "me/" + "x" * 90, "me/with space"])
+def test_invalid_repo_ids_name_the_field(base):
+    with pytest.raises(ValueError, match="hub_model_id"):
+        hf_attn.hub.run_repo_id(base, Path("cumulative_min/positional/seed-0"))
