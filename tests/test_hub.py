@@ -161,3 +161,9 @@ def test_push_without_the_hub_or_a_token_stops_before_training(tmp_path, monkeyp
 def test_invalid_repo_ids_name_the_field(base):
     with pytest.raises(ValueError, match="hub_model_id"):
         hf_attn.hub.run_repo_id(base, Path("cumulative_min/positional/seed-0"))
+
+
+def test_an_invalid_repo_id_stops_before_training(tmp_path, hub):
+    with pytest.raises(ValueError, match="hub_model_id 'me/bad--name'"):
+        tiny_run(tmp_path / "out", "--push_to_hub", "me/bad--name", "--hub_token", "hf_stand_in")
+    assert not list(tmp_path.glob("out/**/results.json")) and not hub.created

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from hub_checks import check_hub_folder
-from transformers import AutoModelForCausalLM, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments, pipeline
 
 import training.wikitext as wikitext
 from training.common import parse_config
@@ -39,6 +39,13 @@ def test_tiny_run_writes_results_table_and_bar_plot(tmp_path):
         card = check_hub_folder(tmp_path / "learned" / variant / "seed-0" / "model", {"perplexity"}, tokenizer=True)
         assert card.data.datasets == ["Salesforce/wikitext"] and card.data.pipeline_tag == "text-generation"
         assert "REDUCED PROTOCOL" in card.text
+    # The saved folder is all a `pipeline` needs: the model type, weights and tokenizer.
+    folder = tmp_path / "learned" / "hybrid-1" / "seed-0" / "model"
+    generated = pipeline("text-generation", model=str(folder))("The tower is", max_new_tokens=6, do_sample=False)
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+    prompt = tokenizer("The tower is", return_tensors="pt")
+    expected = model.generate(**prompt, max_new_tokens=6, do_sample=False)
+    assert generated[0]["generated_text"] == tokenizer.decode(expected[0])
     report = (tmp_path / "results.md").read_text()
     assert "REDUCED PROTOCOL" in report and "| variant | learned mean | learned median |" in report
     assert (tmp_path / "perplexity.png").read_bytes()[:4] == b"\x89PNG"

@@ -69,6 +69,7 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training
     Under `torchrun` / `accelerate launch` every process trains and evaluates each run; the main process writes its
     results and, with `--push_to_hub`, uploads its model folder to `HUB_MODEL_ID-<run path>` (finished runs too).
     """
+    repo_ids = {run: repo_id(run, training_args) for run in runs} if training_args.push_to_hub else {}  # checked now
     for run in runs:
         if run.finished:
             say(f"{run.folder}: finished earlier, kept as it is")
@@ -78,18 +79,18 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training
                 run.write_results(results)
                 say(f"{run.folder}: done")
             wait_for_everyone()  # every process then sees the run as finished
-        if training_args.push_to_hub and is_main_process():
-            push(run, training_args)
+        if run in repo_ids and is_main_process():
+            config = AutoConfig.from_pretrained(run.model_folder)
+            url = push_run(run.model_folder, run.read_results(), config, repo_ids[run], training_args.hub_token,
+                           training_args.hub_private_repo)  # fmt: skip
+            say(f"{run.folder}: pushed to {url}")
     return [run.read_results() for run in runs]
 
 
-def push(run: Run, training_args: TrainingArguments) -> None:
+def repo_id(run: Run, training_args: TrainingArguments) -> str:
+    """`hub_model_id` (default: the output folder's name, in the token owner's namespace) plus the run's path."""
     base = training_args.hub_model_id or Path(training_args.output_dir).name
-    repo_id = run_repo_id(base, run.folder.relative_to(training_args.output_dir))
-    config = AutoConfig.from_pretrained(run.model_folder)
-    url = push_run(run.model_folder, run.read_results(), config, repo_id, training_args.hub_token,
-                   training_args.hub_private_repo)  # fmt: skip
-    say(f"{run.folder}: pushed to {url}")
+    return run_repo_id(base, run.folder.relative_to(training_args.output_dir))
 
 
 def say(message: str) -> None:
