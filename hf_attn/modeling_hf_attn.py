@@ -30,8 +30,12 @@ class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["PreLNBlock", "PostLNBlock", "ConcatMLPBlock"]
     _supports_sdpa = True  # each head kind picks its own kernel (SDPA-based) whatever `attn_implementation` says
+
+    def __init__(self, config: HfAttnConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        # Only this model's block class: FSDP's default wrapping (and `device_map`) fail on a listed class it lacks.
+        self._no_split_modules = [BLOCKS[config.block_style].__name__]
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
