@@ -271,10 +271,10 @@ def run_repo_id(base: str, run_path: Path) -> str:
     return repo_id
 
 
-def push_run(folder: Path, results: dict, config, repo_id: str, token: str | None = None, private: bool | None = None,
-             api: HfApi | None = None) -> str:  # fmt: skip
+def push_run(folder: Path, results: dict, config, repo_id: str, token: str | None = None,
+             private: bool | None = None) -> str:
     """Renders the card for `repo_id`, creates the repository if needed and uploads `folder`; returns its URL."""
-    api = api or HfApi(token=token)
+    api = HfApi(token=token)
     write_model_card(folder, results, config, repo_id)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=f"hf_attn: {results['model']} run")

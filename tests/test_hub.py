@@ -11,7 +11,7 @@ import pytest
 import torch
 from hub_checks import check_hub_folder
 from huggingface_hub import ModelCard, RepoUrl
-from transformers import AutoModelForTokenClassification, TrainingArguments
+from transformers import AutoConfig, AutoModelForTokenClassification, TrainingArguments
 
 import hf_attn.hub
 import training.algorithmic as algorithmic
@@ -167,3 +167,11 @@ def test_an_invalid_repo_id_stops_before_training(tmp_path, hub):
     with pytest.raises(ValueError, match="hub_model_id 'me/bad--name'"):
         tiny_run(tmp_path / "out", "--push_to_hub", "me/bad--name", "--hub_token", "hf_stand_in")
     assert not list(tmp_path.glob("out/**/results.json")) and not hub.created
+
+
+def test_the_head_layout_table_counts_each_kind_per_run_of_equal_layers():
+    layout = [["global", "local"], ["global", "local"], ["local", "local"], ["global", "local"]]
+    config = AutoConfig.for_model("hybrid_gpt2", n_layer=4, n_head=2, n_embd=8, head_layout=layout, local_window=3)
+    rows = [line for line in hf_attn.hub.head_layout_table(config).splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["| 0-1 | 1 | 1 | 0 |", "| 2 | 0 | 2 | 0 |", "| 3 | 1 | 1 | 0 |"]
+    assert "k = 3" in hf_attn.hub.head_layout_table(config)

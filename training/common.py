@@ -78,12 +78,12 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training
             if is_main_process():
                 run.write_results(results)
                 say(f"{run.folder}: done")
-            wait_for_everyone()  # every process then sees the run as finished
         if run in repo_ids and is_main_process():
             config = AutoConfig.from_pretrained(run.model_folder)
             url = push_run(run.model_folder, run.read_results(), config, repo_ids[run], training_args.hub_token,
                            training_args.hub_private_repo)  # fmt: skip
             say(f"{run.folder}: pushed to {url}")
+        wait_for_everyone()  # the others wait while the main process writes and uploads, then all see it finished
     return [run.read_results() for run in runs]
 
 
