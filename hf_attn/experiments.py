@@ -120,13 +120,35 @@ class InMemoryDataset(torch.utils.data.Dataset):
         return {name: column[index] for name, column in self.columns.items()}
 
 
+class PlateauTrainer(Trainer):
+    """Trainer with Paper A's optimisation: Adam without weight decay, and ReduceLROnPlateau with `plateau`'s factor,
+    patience and min_lr, stepped on each epoch's mean training loss by `PlateauOnTrainingLoss`.
+
+    Trainer builds both itself, once the model is wrapped, rather than taking them ready-made through `optimizers=`:
+    that is what FSDP requires.
+    """
+
+    def __init__(self, *args, plateau: dict, **kwargs):
+        super().__init__(*args, callbacks=[PlateauOnTrainingLoss()], **kwargs)
+        self.plateau = plateau
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            parameters = (model or self.model).parameters()
+            self.optimizer = torch.optim.Adam(parameters, lr=self.args.learning_rate, weight_decay=0.0)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer or self.optimizer, **self.plateau)
+        return self.lr_scheduler
+
+
 def plateau_trainer(model, train_set, run: Run, training_args, factor: float, patience: int, min_lr: float) -> Trainer:
-    """Paper A's optimisation: Adam without weight decay, ReduceLROnPlateau on each epoch's mean training loss."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=training_args.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=factor, patience=patience, min_lr=min_lr)
+    """A `PlateauTrainer` for one run, logging once an epoch (the loss the plateau schedule reads)."""
     args = run_arguments(training_args, run, logging_strategy="epoch")
-    return Trainer(model=model, args=args, train_dataset=train_set, optimizers=(optimizer, scheduler),
-                   callbacks=[PlateauOnTrainingLoss()])  # fmt: skip
+    plateau = {"factor": factor, "patience": patience, "min_lr": min_lr}
+    return PlateauTrainer(model=model, args=args, train_dataset=train_set, plateau=plateau)
 
 
 def run_arguments(training_args: TrainingArguments, run: Run, **changes) -> TrainingArguments:
@@ -166,8 +188,8 @@ def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scal
 class PlateauOnTrainingLoss(TrainerCallback):
     """Steps a `ReduceLROnPlateau` scheduler on each epoch's mean training loss (Paper A), not on an eval metric.
 
-    Use with `logging_strategy="epoch"` (Trainer then logs the epoch's mean loss) and the scheduler passed to
-    Trainer through `optimizers=`; Trainer itself steps such a scheduler only after evaluations.
+    Use with `logging_strategy="epoch"` (Trainer then logs the epoch's mean loss), as `PlateauTrainer` does;
+    Trainer itself steps such a scheduler only after evaluations.
     """
 
     def on_log(self, args, state, control, logs=None, lr_scheduler=None, **kwargs):
@@ -390,6 +412,7 @@ __all__ = [
     "Run",
     "InMemoryDataset",
     "PlateauOnTrainingLoss",
+    "PlateauTrainer",
     "plateau_trainer",
     "finish_run",
     "run_arguments",

@@ -9,6 +9,8 @@ from transformers import AutoModelForTokenClassification, Trainer, TrainingArgum
 
 import hf_attn.experiments
 import training.algorithmic as algorithmic
+from hf_attn.data import algorithmic_dataset
+from hf_attn.experiments import InMemoryDataset
 from training.common import parse_config
 
 CONFIGS = sorted(Path(__file__).parents[1].glob("configs/algorithmic/*.yaml"))
@@ -91,19 +93,17 @@ def test_unknown_yaml_key_and_missing_file(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-class CrashAfterFirstCheckpoint(Trainer):
+def crash_after_first_checkpoint(self, *args, **kwargs):
     """Saves the first checkpoint, then fails as a killed job would."""
-
-    def _save_checkpoint(self, *args, **kwargs):
-        super()._save_checkpoint(*args, **kwargs)
-        raise RuntimeError("simulated crash")
+    Trainer._save_checkpoint(self, *args, **kwargs)
+    raise RuntimeError("simulated crash")
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     tiny_run(tmp_path / "uninterrupted", "--models", "positional")
     interrupted = tmp_path / "interrupted"
     with monkeypatch.context() as patch:
-        patch.setattr(hf_attn.experiments, "Trainer", CrashAfterFirstCheckpoint)
+        patch.setattr(hf_attn.experiments.PlateauTrainer, "_save_checkpoint", crash_after_first_checkpoint)
         with pytest.raises(RuntimeError, match="simulated crash"):
             tiny_run(interrupted, "--models", "positional")
     run = interrupted / "cumulative_min" / "positional" / "seed-0"
@@ -115,3 +115,20 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     resumed = json.loads((run / "results.json").read_text())
     for scale, metrics in expected["by_scale"].items():
         torch.testing.assert_close(resumed["by_scale"][scale]["mse"], metrics["mse"], rtol=1e-5, atol=1e-7)
+
+
+def test_plateau_trainer_builds_paper_a_optimisation_and_steps_it_once_an_epoch(tmp_path):
+    model = algorithmic.build_model("positional", algorithmic.ModelArguments(), length=8, positions=9)
+    train_set = InMemoryDataset(algorithmic_dataset("cumulative_min", 64, scale=1.0, seed=0, length=8, low=-2, high=2))
+    args = TrainingArguments(str(tmp_path), learning_rate=0.01, num_train_epochs=3, per_device_train_batch_size=32,
+                             use_cpu=True, report_to="none", save_strategy="no")  # fmt: skip
+    run = hf_attn.experiments.Run(tmp_path / "run", "positional", seed=0)
+    trainer = hf_attn.experiments.plateau_trainer(model, train_set, run, args, factor=0.5, patience=0, min_lr=1e-6)
+    trainer.train()
+    assert type(trainer.optimizer.optimizer) is torch.optim.Adam  # accelerate wraps Trainer's optimizer
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.0
+    scheduler = trainer.lr_scheduler
+    assert isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and scheduler.patience == 0
+    epoch_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(epoch_losses) == 3 and scheduler.last_epoch == 3  # stepped on each epoch's training loss
+    assert scheduler.best == min(epoch_losses)
