@@ -5,16 +5,16 @@ import dataclasses
 import functools
 import json
 import sys
+from argparse import ArgumentTypeError
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from transformers import AutoConfig, HfArgumentParser, TrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from hf_attn.experiments import Run, is_main_process, wait_for_everyone, write_report
 from hf_attn.hub import hub_problems, push_run, run_repo_id
-
-BOOLEAN_WORDS = {"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0"}  # what HfArgumentParser reads as a bool
 
 
 def yaml_to_argv(path: Path) -> list[str]:
@@ -38,9 +38,18 @@ def yaml_to_argv(path: Path) -> list[str]:
 def push_to_hub_as_repo_id(argv: list[str]) -> list[str]:
     """`--push_to_hub REPO_ID` as TrainingArguments' `--push_to_hub true --hub_model_id REPO_ID`."""
     for i, arg in enumerate(argv[:-1]):
-        if arg == "--push_to_hub" and argv[i + 1].lower() not in BOOLEAN_WORDS and not argv[i + 1].startswith("--"):
+        if arg == "--push_to_hub" and not argv[i + 1].startswith("--") and not is_bool_word(argv[i + 1]):
             return [*argv[:i], "--push_to_hub", "true", "--hub_model_id", argv[i + 1], *argv[i + 2 :]]
     return argv
+
+
+def is_bool_word(value: str) -> bool:
+    """Whether HfArgumentParser reads `value` as a bool (true/false, yes/no, ...)."""
+    try:
+        string_to_bool(value)
+    except ArgumentTypeError:
+        return False
+    return True
 
 
 def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
