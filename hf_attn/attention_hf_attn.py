@@ -2,6 +2,7 @@
 
 Legend: B batch, H heads of one kind, T queries, S keys (S >= T: the last T keys are the queries' own positions),
 D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T.
+Queries and keys may be wider or narrower than values (`content_qk_dim`); outputs take the values' width.
 
 Who sees whom is a `Visibility`: a predicate on (query index, key index) built from small overlays. The reference
 masks (padded batches, cached decoding, the masked baseline) are built from it; the fast kernels never build a
@@ -147,7 +148,7 @@ def global_attention(
         shifted = F.scaled_dot_product_attention(
             q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], is_causal=True, dropout_p=dropout, scale=scale
         )
-        return torch.cat([torch.zeros_like(q[:, :, :1]), shifted], dim=2)
+        return torch.cat([shifted.new_zeros(*shifted.shape[:2], 1, shifted.shape[-1]), shifted], dim=2)
     if key_mask is None and num_queries == num_keys and visibility.attend_to_self:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
     mask = visibility_mask(visibility, num_queries, key_mask, num_keys, q.device)
@@ -205,7 +206,7 @@ class BandedAttention(torch.autograd.Function):
         weights = masked_softmax((scores.float() * scale).movedim(0, -1), mask.movedim(0, -1)).movedim(-1, 0)
         weights = weights.to(q.dtype)
         applied = weights if keep is None else weights * keep
-        out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
         for j, (lo, hi, key_lo) in enumerate(spans):
             out[:, :, lo:hi].addcmul_(applied[j, :, :, lo:hi, None], v[:, :, key_lo : key_lo + hi - lo])
         ctx.save_for_backward(q, k, v, weights, keep)
@@ -219,7 +220,7 @@ class BandedAttention(torch.autograd.Function):
         spans = ctx.spans
         grad_out = grad_out.contiguous()
         applied = weights if keep is None else weights * keep
-        products = torch.empty(q.numel(), dtype=q.dtype, device=q.device)
+        products = torch.empty(grad_out.numel(), dtype=q.dtype, device=q.device)  # (B, H, T, D_v) products
         grad_applied = torch.zeros_like(weights)  # (n, B, H, T)
         grad_v = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
         for j, (lo, hi, key_lo) in enumerate(spans):
@@ -283,7 +284,7 @@ def local_attention_by_chunks(
 
     Costs C + 2k scores per query instead of T. Needs S == T (no cache: decoding uses the offsets kernel).
     """
-    batch, heads, length, dim = q.shape
+    batch, heads, length, _ = q.shape
     window = visibility.local_window
     left, right = window, (0 if visibility.is_causal else window)
     chunk = max(MIN_CHUNK, window)
@@ -293,9 +294,9 @@ def local_attention_by_chunks(
 
     def windows(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) -> (B, H * nC, span, D)
         x = F.pad(x, (0, 0, left, right + tail)).unfold(2, span, chunk)  # (B, H, nC, D, span)
-        return x.transpose(-1, -2).reshape(batch, heads * num_chunks, span, dim)
+        return x.transpose(-1, -2).reshape(batch, heads * num_chunks, span, x.shape[-2])
 
-    q_chunks = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * num_chunks, chunk, dim)
+    q_chunks = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * num_chunks, chunk, q.shape[-1])
     # Band inside a chunk, relative indices: query i is key column i + left.
     band = visibility.predicate(torch.arange(chunk)[:, None] + left, torch.arange(span)[None, :]).to(q.device)
     key_index = torch.arange(num_chunks)[:, None] * chunk - left + torch.arange(span)[None, :]  # (nC, span)
@@ -307,7 +308,7 @@ def local_attention_by_chunks(
     mask = band[None, None] & key_valid[:, :, None, :]  # (B|1, nC, C, span)
     mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(mask.shape[0], heads * num_chunks, chunk, span)
     out = masked_sdpa(q_chunks, windows(k), windows(v), mask, scale, dropout)
-    return out.reshape(batch, heads, num_chunks * chunk, dim)[:, :, :length]
+    return out.reshape(batch, heads, num_chunks * chunk, v.shape[-1])[:, :, :length]
 
 
 def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys: int) -> torch.Tensor:

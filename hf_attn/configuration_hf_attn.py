@@ -13,6 +13,7 @@ POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
 BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
 LOCAL_ATTENTION_IMPLS = ("banded", "compiled", "masked")
+INITIALIZATIONS = ("gpt2", "paper_a")
 
 
 def _choice_error(field: str, value, allowed) -> ValueError:
@@ -50,9 +51,19 @@ class HfAttnConfig(GPT2Config):
     positional_qk_dim (`int`, *optional*):
         Width of a positional head's queries and keys. Defaults to d_P as in Paper A's code; with one-hot P and
         a long context that is d_P^2 parameters per head, so set it lower for long sequences.
+    content_qk_dim (`int`, *optional*):
+        Width of a global or local head's queries and keys (its values stay `n_embd / n_head` wide). Defaults to
+        `n_embd / n_head`, GPT-2's; Paper A's code gives its standard heads queries and keys as wide as the model
+        (`n_embd`). Scores are scaled by `content_qk_dim ** -0.5`.
     block_style (`str`, *optional*, defaults to `"gpt2"`):
         `"gpt2"` (pre-LN residual), `"post_ln"` (Paper B: `LN(x + attn(x))`, `LN(x + mlp(x))`) or `"concat_mlp"`
         (Paper A: `MLP(concat(x, attn(x)))`, no residual, no LayerNorm).
+    initialization (`str`, *optional*):
+        How new weights are drawn. `"gpt2"`: GPT-2's normal(`initializer_range`) with the residual projections
+        scaled by 1 / sqrt(2 * n_layer). `"paper_a"`: Paper A's code, Xavier-uniform attention projections with
+        zero biases and PyTorch's defaults for every other linear and embedding layer. Defaults to `"paper_a"` for
+        the `"concat_mlp"` block, which has no residual stream to carry GPT-2's small-output init (its signal
+        would shrink layer by layer until the model predicts a constant), and to `"gpt2"` otherwise.
     rope_theta (`float`, *optional*, defaults to 10000.0):
         Base of the rotary frequencies when `position_embedding_type="rope"`.
     numeric_inputs (`bool`, *optional*, defaults to `False`):
@@ -86,7 +97,9 @@ class HfAttnConfig(GPT2Config):
     positional_encoding: str = "onehot"
     positional_encoding_dim: int | None = None
     positional_qk_dim: int | None = None
+    content_qk_dim: int | None = None
     block_style: str = "gpt2"
+    initialization: str | None = None
     rope_theta: float = 10000.0
     numeric_inputs: bool = False
     numeric_token_id: int | None = None
@@ -104,6 +117,10 @@ class HfAttnConfig(GPT2Config):
             self.positional_encoding_dim = self.natural_positional_encoding_dim()
         if self.positional_qk_dim is None:
             self.positional_qk_dim = self.positional_encoding_dim
+        if self.content_qk_dim is None:
+            self.content_qk_dim = self.n_embd // self.n_head
+        if self.initialization is None:
+            self.initialization = "paper_a" if self.block_style == "concat_mlp" else "gpt2"
         super().__post_init__(**kwargs)
         self.validate()
 
@@ -172,6 +189,7 @@ class HfAttnConfig(GPT2Config):
             ("positional_encoding", POSITIONAL_ENCODINGS),
             ("block_style", BLOCK_STYLES),
             ("local_attention_impl", LOCAL_ATTENTION_IMPLS),
+            ("initialization", INITIALIZATIONS),
         ):
             if getattr(self, field) not in allowed:
                 raise _choice_error(field, getattr(self, field), allowed)
@@ -183,7 +201,7 @@ class HfAttnConfig(GPT2Config):
                 f"`positional_encoding_dim` is fixed to {natural} by `positional_encoding`="
                 f"{self.positional_encoding!r}, got {self.positional_encoding_dim}."
             )
-        for field in ("positional_encoding_dim", "positional_qk_dim"):
+        for field in ("positional_encoding_dim", "positional_qk_dim", "content_qk_dim"):
             if getattr(self, field) < 1:
                 raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
         if self.positional_encoding == "sinusoidal" and self.positional_encoding_dim % 2:
@@ -192,10 +210,10 @@ class HfAttnConfig(GPT2Config):
             )
 
     def validate_position_embedding(self):
-        head_dim = self.n_embd // self.n_head
-        if self.position_embedding_type == "rope" and head_dim % 2:
+        if self.position_embedding_type == "rope" and self.content_qk_dim % 2:
             raise ValueError(
-                f"`position_embedding_type`='rope' needs an even head dim (n_embd / n_head), got {head_dim}."
+                "`position_embedding_type`='rope' needs an even query/key width (`content_qk_dim`, by default "
+                f"n_embd / n_head), got {self.content_qk_dim}."
             )
         if self.position_embedding_type == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"`position_embedding_type`='sinusoidal' needs an even `n_embd`, got {self.n_embd}.")

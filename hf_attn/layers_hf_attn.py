@@ -65,6 +65,22 @@ class FixedTable(nn.Module):
         return self.table[position_ids]
 
 
+class Projection(Conv1D):
+    """GPT-2's `Conv1D` (a Linear with transposed weights) that knows its place in the block.
+
+    `_init_weights` draws each projection from its place alone: transformers never calls it on parameter-less
+    parents (the attention layer, the MLP) of models defined outside the library. `parts` are output column
+    groups drawn as separate matrices (queries and keys, then values, in `c_attn`, as Paper A's code has them).
+    """
+
+    def __init__(self, nf: int, nx: int, in_attention: bool, writes_residual: bool = False,
+                 parts: tuple[int, ...] | None = None):  # fmt: skip
+        super().__init__(nf, nx)
+        self.in_attention = in_attention
+        self.writes_residual = writes_residual
+        self.parts = parts or (nf,)
+
+
 # --- attention layer -------------------------------------------------------------------------------------------
 
 LOCAL_KERNELS = {"banded": local_attention, "compiled": compiled_local_attention, "masked": local_attention_masked}
@@ -120,8 +136,9 @@ class HfAttnAttention(nn.Module):
     """Multi-head attention whose heads follow `config.head_layout[layer_idx]`.
 
     `c_attn` projects to [queries of content heads | keys of content heads | values of all heads], heads in
-    layout order (a global-only layout is GPT-2's `c_attn`). Positional heads take queries and keys from P
-    through `p_attn` instead (Paper A), and values from the data like every head.
+    layout order (a global-only layout is GPT-2's `c_attn`). Queries and keys are `content_qk_dim` wide, values
+    `n_embd / n_head`. Positional heads take queries and keys from P through `p_attn` instead (Paper A), and
+    values from the data like every head.
     """
 
     def __init__(self, config: HfAttnConfig, layer_idx: int):
@@ -129,6 +146,7 @@ class HfAttnAttention(nn.Module):
         layout = config.head_layout[layer_idx]
         self.layer_idx = layer_idx
         self.head_dim = config.n_embd // config.n_head
+        self.qk_dim = config.content_qk_dim
         content_heads = [h for h, kind in enumerate(layout) if kind != "positional"]
         self.num_content_heads = len(content_heads)
         self.kinds = [kind for kind in HEAD_KINDS if kind in layout]
@@ -144,19 +162,20 @@ class HfAttnAttention(nn.Module):
         kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind]
         self.restore_order = None if kind_order == sorted(kind_order) else torch.tensor(kind_order).argsort()
 
-        self.c_attn = Conv1D((2 * self.num_content_heads + config.n_head) * self.head_dim, config.n_embd)
-        self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        query_key_width = 2 * self.num_content_heads * self.qk_dim
+        self.c_attn = Projection(query_key_width + config.n_embd, config.n_embd, in_attention=True,
+                                 parts=(query_key_width, config.n_embd))  # fmt: skip
+        self.c_proj = Projection(config.n_embd, config.n_embd, in_attention=True, writes_residual=True)
         self.num_positional_heads = layout.count("positional")
         if self.num_positional_heads:
             self.positional_qk_dim = config.positional_qk_dim
-            self.p_attn = Conv1D(
-                2 * self.num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim
-            )
+            query_key_width = 2 * self.num_positional_heads * config.positional_qk_dim
+            self.p_attn = Projection(query_key_width, config.positional_encoding_dim, in_attention=True)
             self.inference_weights = InferenceWeights()
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-        self.scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        self.scale = self.qk_dim**-0.5 if config.scale_attn_weights else 1.0
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
         self.visibility = {
@@ -167,10 +186,10 @@ class HfAttnAttention(nn.Module):
 
     def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = hidden_states.shape
-        content_width = self.num_content_heads * self.head_dim
+        content_width = self.num_content_heads * self.qk_dim
         q, k, v = self.c_attn(hidden_states).split([content_width, content_width, hidden_states.shape[-1]], dim=-1)
-        q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H_content, T, D)
-        k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        q = q.view(batch, length, -1, self.qk_dim).transpose(1, 2)  # (B, H_content, T, D_qk)
+        k = k.view(batch, length, -1, self.qk_dim).transpose(1, 2)
         v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
@@ -267,8 +286,8 @@ class HfAttnMLP(nn.Module):
     def __init__(self, config: HfAttnConfig, input_dim: int):
         super().__init__()
         inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
-        self.c_fc = Conv1D(inner_dim, input_dim)
-        self.c_proj = Conv1D(config.n_embd, inner_dim)
+        self.c_fc = Projection(inner_dim, input_dim, in_attention=False)
+        self.c_proj = Projection(config.n_embd, inner_dim, in_attention=False, writes_residual=True)
         self.act = ACT2FN[config.activation_function]
         self.dropout = nn.Dropout(config.resid_pdrop)
 
@@ -317,4 +336,4 @@ class ConcatMLPBlock(GradientCheckpointingLayer):
 BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock}
 
 
-__all__ = ["AttentionInputs", "FixedTable", "HfAttnAttention", "HfAttnMLP", "BLOCKS"]
+__all__ = ["AttentionInputs", "FixedTable", "Projection", "HfAttnAttention", "HfAttnMLP", "BLOCKS"]

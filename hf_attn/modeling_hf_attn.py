@@ -15,13 +15,12 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
-from transformers.pytorch_utils import Conv1D
 from transformers.utils import can_return_tuple
 
 from .attention_hf_attn import rotary_cos_sin
 from .cache_hf_attn import HeadKindCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
-from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, HfAttnAttention, HfAttnMLP
+from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, Projection
 
 # --- trunk -----------------------------------------------------------------------------------------------------
 
@@ -43,16 +42,49 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         return False
 
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        std = self.config.initializer_range
-        if isinstance(module, Conv1D):
-            init.normal_(module.weight, mean=0.0, std=std)
-            init.zeros_(module.bias)
+        if self.config.initialization == "paper_a":
+            init_paper_a(module)
+        else:
+            self.init_gpt2(module)
         if isinstance(module, FixedTable):
             init.copy_(module.table, module.build(*module.table.shape))
-        # GPT-2's scaled init of the projections that write into the residual stream.
-        if isinstance(module, (HfAttnAttention, HfAttnMLP)):
-            init.normal_(module.c_proj.weight, mean=0.0, std=std / (2 * self.config.n_layer) ** 0.5)
+
+    def init_gpt2(self, module: nn.Module) -> None:
+        """GPT-2's: normal(initializer_range) everywhere, projections into the residual stream scaled down."""
+        super()._init_weights(module)  # Linear, Embedding, LayerNorm
+        if isinstance(module, Projection):
+            std = self.config.initializer_range
+            if module.writes_residual:
+                std /= (2 * self.config.n_layer) ** 0.5
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.bias)
+
+
+def init_paper_a(module: nn.Module) -> None:
+    """Paper A's code: Xavier-uniform attention projections with zero biases, PyTorch's defaults for the rest.
+
+    Its attention has separate query-key, value and output projections; `c_attn` holds the first two side by side
+    (`Projection.parts`), so each part gets the Xavier bound of its own shape.
+    """
+    if isinstance(module, Projection) and module.in_attention:
+        if not getattr(module.weight, "_is_hf_initialized", False):  # column slices would lose the loaded flag
+            for part in module.weight.split(module.parts, dim=1):
+                bound = (6 / sum(part.shape)) ** 0.5  # Xavier-uniform: fan-in + fan-out
+                part.uniform_(-bound, bound)
+        init.zeros_(module.bias)
+    elif isinstance(module, Projection):  # the MLP: PyTorch's Linear default, U(+-1/sqrt(fan_in)) for both
+        bound = module.nx**-0.5
+        init.uniform_(module.weight, -bound, bound)
+        init.uniform_(module.bias, -bound, bound)
+    elif isinstance(module, nn.Linear):
+        init.kaiming_uniform_(module.weight, a=5**0.5)  # PyTorch's Linear default, as above
+        if module.bias is not None:
+            init.uniform_(module.bias, -(module.in_features**-0.5), module.in_features**-0.5)
+    elif isinstance(module, nn.Embedding):
+        init.normal_(module.weight)  # PyTorch's default: N(0, 1)
+    elif isinstance(module, nn.LayerNorm):
+        init.ones_(module.weight)
+        init.zeros_(module.bias)
 
 
 class HfAttnModel(HfAttnPreTrainedModel):
@@ -137,7 +169,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             key_mask = attention_mask.bool()
         rotary = None
         if self.config.position_embedding_type == "rope":
-            rotary = rotary_cos_sin(position_ids, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+            rotary = rotary_cos_sin(position_ids, self.config.content_qk_dim, self.config.rope_theta)
         rows = self.wpp(key_position_ids) if self.config.uses_positional_heads else None
         return AttentionInputs(key_mask=key_mask, num_keys=num_keys, positional_rows=rows, rotary=rotary)
 

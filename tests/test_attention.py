@@ -21,9 +21,9 @@ from hf_attn.attention_hf_attn import (
 B, H, T, D = 2, 3, 13, 8  # T not a multiple of the chunk size, to exercise the ragged last chunk
 
 
-def qkv(num_keys=T, num_queries=T, dtype=torch.float32):
-    q = torch.randn(B, H, num_queries, D, dtype=dtype, requires_grad=True)
-    k = torch.randn(B, H, num_keys, D, dtype=dtype, requires_grad=True)
+def qkv(num_keys=T, num_queries=T, dtype=torch.float32, qk_dim=D):
+    q = torch.randn(B, H, num_queries, qk_dim, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, H, num_keys, qk_dim, dtype=dtype, requires_grad=True)
     v = torch.randn(B, H, num_keys, D, dtype=dtype, requires_grad=True)
     return q, k, v
 
@@ -80,6 +80,34 @@ def test_local_matches_reference(kernel, local_window, is_causal, attend_to_self
         is_causal=is_causal,
         attend_to_self=attend_to_self,
         local_window=local_window,
+        key_mask=key_mask,
+    )
+
+
+CONTENT_KERNELS = {
+    "global": global_attention,
+    "offsets": lambda *a: local_attention_by_offsets(*a)[0],
+    "chunks": local_attention_by_chunks,
+}
+
+
+@pytest.mark.parametrize("kernel", list(CONTENT_KERNELS))
+@pytest.mark.parametrize("qk_dim", [5, 20])  # narrower (odd) and wider queries and keys than the values' D = 8
+@pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
+def test_queries_and_keys_of_another_width_than_values(kernel, qk_dim, is_causal, attend_to_self, pad):
+    """Paper A's standard heads: queries and keys as wide as the model, values a head's share of it."""
+    q, k, v = qkv(qk_dim=qk_dim)
+    key_mask = padding(pad)
+    window = None if kernel == "global" else 2
+    visibility = Visibility(is_causal, attend_to_self, window)
+    assert_matches_reference(
+        lambda q, k, v: CONTENT_KERNELS[kernel](q, k, v, visibility, key_mask, qk_dim**-0.5),
+        q,
+        k,
+        v,
+        is_causal=is_causal,
+        attend_to_self=attend_to_self,
+        local_window=window,
         key_mask=key_mask,
     )
 

@@ -20,6 +20,15 @@ def test_presets():
     ]
 
 
+def test_query_key_width_and_initialization_defaults():
+    gpt2_style = hf_attn.HybridGPT2Config(n_layer=1, n_head=4, n_embd=32)
+    assert gpt2_style.content_qk_dim == 8 and gpt2_style.initialization == "gpt2"  # GPT-2's head dim and init
+    paper_a = hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=64, block_style="concat_mlp", content_qk_dim=64)
+    assert paper_a.content_qk_dim == 64 and paper_a.initialization == "paper_a"  # no residual: Paper A's init
+    chosen = hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8, block_style="concat_mlp", initialization="gpt2")
+    assert chosen.initialization == "gpt2"
+
+
 def test_binary_encoding_width():
     config = hf_attn.PositionalGPT2Config(n_layer=1, n_head=1, n_embd=8, n_positions=100, positional_encoding="binary")
     assert config.positional_encoding_dim == 7  # 2^7 = 128 >= 100 positions
@@ -62,6 +71,9 @@ BAD_FIELDS = [
     ({"positional_encoding": "onehot", "positional_encoding_dim": 5}, "positional_encoding_dim"),
     ({"positional_encoding": "sinusoidal", "positional_encoding_dim": 7}, "positional_encoding_dim"),
     ({"positional_qk_dim": 0}, "positional_qk_dim"),
+    ({"content_qk_dim": 0}, "content_qk_dim"),
+    ({"content_qk_dim": 5, "position_embedding_type": "rope"}, "content_qk_dim"),
+    ({"initialization": "xavier"}, "initialization"),
     ({"n_embd": 9}, "n_embd"),
     ({"n_layer": 0}, "n_layer"),
     ({"rope_theta": 0.0}, "rope_theta"),
@@ -83,6 +95,7 @@ def test_invalid_field_raises_value_error_naming_it(fields, named):
     [
         ({"positional_encoding": "random"}, "['onehot', 'binary', 'sinusoidal', 'learned']"),
         ({"local_window": 0}, ">= 1"),
+        ({"initialization": "normal"}, "['gpt2', 'paper_a']"),
     ],
 )
 def test_error_states_allowed_values(fields, allowed):

@@ -37,7 +37,12 @@ def generation_model(model_type: str, **overrides):
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 @pytest.mark.parametrize(
-    "overrides", [{}, {"position_embedding_type": "rope", "attend_to_self": True, "local_window": 1}]
+    "overrides",
+    [
+        {},
+        {"position_embedding_type": "rope", "attend_to_self": True, "local_window": 1},
+        {"position_embedding_type": "rope", "content_qk_dim": 12},  # queries and keys wider than values
+    ],
 )
 def test_cached_generation_equals_recomputing_the_prefix(model_type, overrides):
     model = generation_model(model_type, **overrides)

@@ -99,9 +99,13 @@ def test_positional_weights_match_reference_from_onehot_p():
     "layout", [["global", "local", "positional", "local"], ["local", "global", "global", "positional"]]
 )
 @pytest.mark.parametrize("attend_to_self", [False, True])
-def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_to_self):
+@pytest.mark.parametrize("qk_dim", [8, 12])  # 8: n_embd / n_head, GPT-2's
+def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_to_self, qk_dim):
     """Mixed layouts: each head's returned weights equal the reference recomputed from the layer's parameters."""
-    config = tiny_config("hybrid_gpt2", head_layout=[layout, layout], attend_to_self=attend_to_self, local_window=2)
+    config = tiny_config(
+        "hybrid_gpt2", head_layout=[layout, layout], attend_to_self=attend_to_self, local_window=2,
+        content_qk_dim=qk_dim,
+    )  # fmt: skip
     model = AutoModelForCausalLM.from_config(config).eval()
     captured = {}
     model.transformer.h[1].attn.register_forward_pre_hook(lambda module, args: captured.update(x=args[0]))
@@ -115,10 +119,10 @@ def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_t
 
     attn, weights = model.transformer.h[1].attn, outputs.attentions[1]
     content = [h for h, kind in enumerate(layout) if kind != "positional"]
-    width = len(content) * 8  # c_attn: [queries of content heads | their keys | values of all heads]
+    width = len(content) * qk_dim  # c_attn: [queries of content heads | their keys | values of all heads]
     projected = attn.c_attn(captured["x"])
-    q = projected[..., :width].view(2, 11, -1, 8).transpose(1, 2)
-    k = projected[..., width : 2 * width].view(2, 11, -1, 8).transpose(1, 2)
+    q = projected[..., :width].view(2, 11, -1, qk_dim).transpose(1, 2)
+    k = projected[..., width : 2 * width].view(2, 11, -1, qk_dim).transpose(1, 2)
     for i, head in enumerate(content):
         window = 2 if layout[head] == "local" else None
         _, expected = naive_attention(
