@@ -2,8 +2,10 @@
 
 A run is one (model, seed) of one experiment; it writes `results.json` and a Hub-ready `model/` folder into its own
 folder when it finishes. An experiment aggregates its runs' results into `results.md` (mean and median over seeds)
-and PNG plots. Under `torchrun` or `accelerate launch` every process trains and evaluates; only the main process
-writes results, cards and reports.
+and PNG plots. A run whose in-distribution error is within a few percent of an input-blind predictor's has collapsed:
+its results.json says so, and reports list it and leave it out of the means and medians rather than average it in.
+Under `torchrun` or `accelerate launch` every process trains and evaluates; only the main process writes results,
+cards and reports.
 """
 
 import dataclasses
@@ -161,7 +163,7 @@ def run_arguments(training_args: TrainingArguments, run: Run, **changes) -> Trai
 def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scale: dict, tokenizer=None,
                **fields) -> dict:  # fmt: skip
     """Saves the Hub-ready model folder (`run.model_folder`) and returns the run's results: what every family
-    records, plus `fields`.
+    records, plus `fields` (among them `collapse`, from `collapse_check`, for the families that check it).
 
     The folder holds the weights (safetensors), the config with `use_cache=True`, hf_attn's modeling code with a
     full `auto_map` (so `trust_remote_code=True` loads it anywhere), the tokenizer (Trainer's `processing_class`, or
@@ -175,7 +177,7 @@ def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scal
     results = {
         "model": run.model, "seed": run.seed, "model_type": model.config.model_type,
         "parameters": model.num_parameters(), "train_loss": train_output.training_loss, "train_seconds": seconds,
-        "processes": trainer.args.world_size, **fields, "by_scale": by_scale,
+        "processes": trainer.args.world_size, "machine": machine_state(), **fields, "by_scale": by_scale,
     }  # fmt: skip
     trainer.save_model(str(run.model_folder))  # every process calls it: under FSDP they gather the weights together
     if trainer.is_world_process_zero():
@@ -183,6 +185,12 @@ def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scal
             tokenizer.save_pretrained(run.model_folder)
         write_model_card(run.model_folder, json.loads(json.dumps(results, default=_json_default)), model.config)
     return results
+
+
+def machine_state() -> dict:
+    """What a run's timing depends on: the cores and the load averages (1, 5, 15 minutes) when it finished. A load
+    well above the run's own threads means other jobs shared the machine."""
+    return {"cpus": os.cpu_count(), "load_average": [round(load, 2) for load in os.getloadavg()]}
 
 
 class PlateauOnTrainingLoss(TrainerCallback):
@@ -210,6 +218,48 @@ def regression_metrics(predictions: np.ndarray, labels: np.ndarray, tolerance: f
         "accuracy": float(np.mean(np.abs(errors) <= tolerance)),
         "mape": float(np.mean(np.abs(errors) / np.maximum(np.abs(labels[kept]), 1e-8))),
     }
+
+
+COLLAPSE_TOLERANCE = 0.05
+
+
+def input_blind_mse(labels: np.ndarray) -> float:
+    """MSE of the best predictor that ignores the inputs: each position's mean label (NaN labels left out).
+
+    A model whose output no longer depends on its input (the constant predictor a collapsed run falls into) can do
+    no better. `labels` is (N,) for one answer per sample or (N, T) per position.
+    """
+    labels = np.asarray(labels, dtype=np.float64).reshape(len(labels), -1)
+    labelled = ~np.isnan(labels)
+    counts = labelled.sum(axis=0)
+    means = np.where(labelled, labels, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    return float(np.mean((labels - means)[labelled] ** 2))
+
+
+def input_blind_error_rate(labels: np.ndarray, ignore_index: int = -100) -> float:
+    """Error rate of the best predictor that ignores the inputs: each position's most frequent label."""
+    labels = np.asarray(labels).reshape(len(labels), -1)
+    correct = 0
+    for column in labels.T:
+        kept = column[column != ignore_index]
+        correct += np.unique(kept, return_counts=True)[1].max() if kept.size else 0
+    return float(1 - correct / (labels != ignore_index).sum())
+
+
+def collapse_check(error: float, input_blind_error: float, metric: str, tolerance: float = COLLAPSE_TOLERANCE) -> dict:
+    """Whether a run collapsed: its in-distribution `error` (MSE, error rate) is within `tolerance` of the best
+    input-blind predictor's, i.e. it learned (almost) nothing about the input. Recorded in results.json."""
+    return {
+        "collapsed": bool(error >= (1 - tolerance) * input_blind_error),
+        "metric": metric,
+        "error": float(error),
+        "input_blind_error": float(input_blind_error),
+        "tolerance": tolerance,
+    }
+
+
+def is_collapsed(result: dict) -> bool:
+    return bool(result.get("collapse", {}).get("collapsed", False))
 
 
 @torch.no_grad()
@@ -258,11 +308,13 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def aggregate(results: Iterable[dict], metric: str) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {scale: summary over seeds}} of `results[i]["by_scale"][scale][metric]`."""
+    """{model: {scale: summary over seeds}} of `results[i]["by_scale"][scale][metric]`; collapsed runs left out."""
     grouped: dict[str, dict[str, list[float]]] = {}
     for result in results:
         for scale, metrics in result["by_scale"].items():
-            grouped.setdefault(result["model"], {}).setdefault(scale, []).append(metrics[metric])
+            values = grouped.setdefault(result["model"], {}).setdefault(scale, [])
+            if not is_collapsed(result):
+                values.append(metrics[metric])
     return {model: {s: summarize(v) for s, v in by_scale.items()} for model, by_scale in grouped.items()}
 
 
@@ -363,7 +415,7 @@ def write_report(
 
     Rows are the keys of each result's `by_scale` (named `scale_name`), columns its `model`.
     """
-    sections = [f"# {heading} ({len(results)} runs)"]
+    sections = [f"# {heading} ({len(results)} runs)", collapse_summary(results)]
     name = heading.split(":")[0]
     for metric, title, log_scale in metrics:
         summary = aggregate(results, metric)
@@ -372,6 +424,28 @@ def write_report(
     report = "\n\n".join(sections) + "\n"
     (folder / "results.md").write_text(report)
     return report
+
+
+def collapse_summary(results: list[dict]) -> str:
+    """Runs kept per model, and each collapsed run with its error against the input-blind predictor's."""
+    kept = {model: 0 for model in dict.fromkeys(result["model"] for result in results)}
+    collapsed = []
+    for result in results:
+        if is_collapsed(result):
+            check = result["collapse"]
+            collapsed.append(
+                f"{result['model']} seed {result['seed']} ({check['metric']} {_format(check['error'])}, input-blind "
+                f"predictor {_format(check['input_blind_error'])})"
+            )
+        else:
+            kept[result["model"]] += 1
+    counts = ", ".join(f"{model} {count}" for model, count in kept.items())
+    if not collapsed:
+        return f"Runs per model: {counts}. No run collapsed."
+    return (
+        f"Runs per model in the means and medians: {counts}. Collapsed (in-distribution error within "
+        f"{COLLAPSE_TOLERANCE:.0%} of the best input-blind predictor's), left out: " + "; ".join(collapsed) + "."
+    )
 
 
 def grid_table(cells: dict[str, dict[str, str]], row_name: str) -> str:
@@ -419,6 +493,10 @@ __all__ = [
     "is_main_process",
     "wait_for_everyone",
     "regression_metrics",
+    "input_blind_mse",
+    "input_blind_error_rate",
+    "collapse_check",
+    "is_collapsed",
     "perplexity",
     "aggregate",
     "markdown_table",

@@ -1,10 +1,12 @@
 """training/algorithmic.py end to end on tiny sizes: outputs, YAML configs, bad input, resume."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
+from paper_a_reference import ReferenceModel
 from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
 
 import hf_attn.experiments
@@ -30,6 +32,23 @@ def test_every_config_parses_and_validates(config):
     )
     algorithmic.validate(experiment, model, training)
     assert experiment.tasks and experiment.models and training.learning_rate > 0
+    assert training.max_grad_norm == 0  # Paper A's code does not clip gradients
+    assert model.content_qk_dim == model.n_embd  # Paper A's code: standard heads' queries and keys as wide as d_model
+
+
+@pytest.mark.parametrize("length,depth", [(2, 2), (3, 2), (5, 3), (6, 3), (8, 4), (12, 4), (16, 5)])
+def test_depth_is_floor_log2_n_plus_one(length, depth):
+    model = algorithmic.build_model("positional", algorithmic.ModelArguments(), length, length + 1)
+    assert model.config.n_layer == depth == math.floor(math.log2(length)) + 1
+
+
+@pytest.mark.parametrize("kind", ["positional", "standard"])
+def test_models_have_paper_a_codes_parameters(kind):
+    """As many weights as Paper A's code (positional 84,577, standard 150,273), plus one unused token-embedding row."""
+    ours = algorithmic.build_model(kind, algorithmic.ModelArguments(), length=8, positions=9)
+    official = ReferenceModel(positional=kind == "positional", positions=9)
+    unused_token_row = ours.config.n_embd
+    assert ours.num_parameters() == sum(p.numel() for p in official.parameters()) + unused_token_row
 
 
 def test_tiny_run_writes_results_table_plots_and_checkpoints(tmp_path):
@@ -38,6 +57,8 @@ def test_tiny_run_writes_results_table_plots_and_checkpoints(tmp_path):
     for model in ("positional", "standard"):
         results = json.loads((task / model / "seed-0" / "results.json").read_text())
         assert results["model"] == model and set(results["by_scale"]) == {"1", "3"}
+        assert results["collapse"]["metric"] == "mse" and results["collapse"]["input_blind_error"] > 0
+        assert results["machine"]["cpus"] >= 1 and len(results["machine"]["load_average"]) == 3
         assert all(m["mse"] >= 0 and 0 <= m["accuracy"] <= 1 for m in results["by_scale"].values())
         saved = AutoModelForTokenClassification.from_pretrained(task / model / "seed-0" / "model")
         assert saved.config.use_cache and saved.config.model_type == results["model_type"]
@@ -45,6 +66,17 @@ def test_tiny_run_writes_results_table_plots_and_checkpoints(tmp_path):
     assert "| c | positional mean | positional median | standard mean | standard median |" in report
     for plot in ("mse.png", "accuracy.png"):
         assert (task / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_untrained_run_is_reported_as_collapsed(tmp_path, capsys):
+    """Learning rate 0: the models stay at their init, no better than predicting each position's mean label."""
+    tiny_run(tmp_path, "--learning_rate", "0", "--scales", "2")
+    for model in ("positional", "standard"):
+        results = json.loads((tmp_path / "cumulative_min" / model / "seed-0" / "results.json").read_text())
+        assert results["collapse"]["collapsed"] and set(results["by_scale"]) == {"2"}  # c = 1 checked, not reported
+    printed = capsys.readouterr().out
+    assert "positional 0, standard 0" in printed and "positional seed 0 (mse" in printed
+    assert "| 2 | n/a | n/a | n/a | n/a |" in (tmp_path / "cumulative_min" / "results.md").read_text()
 
 
 def test_finished_runs_are_never_overwritten(tmp_path, capsys):

@@ -13,7 +13,6 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,9 @@ from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
 from hf_attn.experiments import (
     InMemoryDataset,
     Run,
+    collapse_check,
     finish_run,
+    input_blind_mse,
     plateau_trainer,
     regression_metrics,
 )
@@ -69,10 +70,15 @@ class ExperimentArguments:
 
 @dataclass
 class ModelArguments:
-    n_layer: int | None = field(default=None, metadata={"help": "Depth; default log2(n) + 1 (Paper A)."})
+    n_layer: int | None = field(default=None, metadata={"help": "Depth; default floor(log2 n) + 1 (Paper A)."})
     n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper A: 64)."})
     n_head: int = field(default=2, metadata={"help": "Heads per layer (Paper A: 2)."})
     n_inner: int = field(default=64, metadata={"help": "Hidden width of the MLP (Paper A: 64)."})
+    content_qk_dim: int | None = field(
+        default=None,
+        metadata={"help": "Query/key width of each standard head; default n_embd, as in Paper A's code "
+                  "(GPT-2's would be n_embd / n_head)."},
+    )  # fmt: skip
     block_style: str = field(
         default="concat_mlp", metadata={"help": "Block (Paper A: concat_mlp).", "choices": BLOCK_STYLES}
     )
@@ -102,20 +108,24 @@ def validate(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append(f"n_layer must be >= 1, got {model.n_layer}")
     if model.n_embd % model.n_head:
         problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if model.content_qk_dim is not None and model.content_qk_dim < 1:
+        problems.append(f"content_qk_dim must be >= 1, got {model.content_qk_dim}")
     if problems:
         raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
 def build_model(kind: str, model: ModelArguments, length: int, positions: int):
     """Same trunk for both kinds; they differ in head kind and where positions enter (Paper A)."""
-    depth = model.n_layer or math.ceil(math.log2(length)) + 1  # Paper A: log2(n) + 1 layers
+    depth = model.n_layer or length.bit_length()  # Paper A's code: floor(log2 n) + 1 layers
     heads = {
         # weights from P only; no position in the residual stream
         "positional": dict(model_type="positional_gpt2", position_embedding_type="none"),
-        # content attention; positions added to the input (Paper A concatenates a one-hot position, which a
-        # learned embedding added to the input matches up to the first linear map)
-        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned"),
-    }[kind]
+        # content attention; positions added to the input (Paper A's code feeds [value, one-hot position] to one
+        # linear map, the same function as value * w + b plus a learned position row); queries and keys as wide
+        # as the model, as in Paper A's code
+        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned",
+                         content_qk_dim=model.content_qk_dim or model.n_embd),
+    }[kind]  # fmt: skip
     config = AutoConfig.for_model(
         **heads,
         n_layer=depth, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner, n_positions=positions,
@@ -138,14 +148,18 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     train_output, seconds = run.train(trainer, experiment.resume)
 
-    by_scale = {}
-    for scale in experiment.scales:
+    by_scale, collapse = {}, None
+    for scale in sorted({1, *experiment.scales}):  # c = 1, in distribution, is always tested: the collapse check
         test_set = algorithmic_dataset(task, experiment.test_samples, scale=scale, seed=TEST_SEED + scale, **data)
         predictions = trainer.predict(InMemoryDataset(test_set)).predictions[..., 0]
         labels = test_set.with_format("numpy")[:]["labels"]
-        by_scale[str(scale)] = regression_metrics(predictions, labels, experiment.tolerance * scale)
+        metrics = regression_metrics(predictions, labels, experiment.tolerance * scale)
+        if scale == 1:
+            collapse = collapse_check(metrics["mse"], input_blind_mse(labels), "mse")
+        if scale in experiment.scales:
+            by_scale[str(scale)] = metrics
     return finish_run(
-        trainer, run, train_output, seconds, by_scale, experiment="algorithmic", task=task,
+        trainer, run, train_output, seconds, by_scale, experiment="algorithmic", task=task, collapse=collapse,
         config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
