@@ -103,14 +103,15 @@ EXPERIMENTS = {
         paper="A",
         title="mixed {task}",
         training="Paper A's mixed text-and-numbers task `{task}`: 8 priced categories and 2 decoys, prices from "
-        "[0, 5] ({train_samples} samples), tested on [0, 5c] for c in {scales} with unseen category names",
+        "[0, 5] ({train_samples} samples), tested on [0, 5c] for c in {scales} with the category names seen in "
+        "training (`_seen`) and with unseen ones (`_unseen`)",
         inputs="`hf_attn.data.mixed_dataset` builds them; the positional and standard models read character ids with"
         " the prices as `numeric_values` and regress the answer at position 0, GPT-2 reads the text and "
         "writes ` Answer: ...`",
         task_type="token-classification",
         dataset_name="mixed {task} (synthetic)",
         key_name="c",
-        metrics=("mse", "mape", "unparsed"),
+        metrics=tuple(f"{m}_{names}" for m in ("mse", "mape", "unparsed") for names in ("seen", "unseen")),
     ),
     "induction": ExperimentFacts(
         paper="A",
@@ -232,6 +233,7 @@ def model_card(results: dict, config, repo_id: str | None = None) -> ModelCard:
         inputs=facts.inputs,
         head_layout=head_layout_table(config),
         results_table=results_table(results, facts),
+        collapse=results.get("collapse"),
         training_yaml=yaml.safe_dump({"run": run, **results.get("config", {})}, sort_keys=False).strip(),
         auto_class=auto_class,
         repo_id=repo_id or "path/to/this/folder",

@@ -42,5 +42,6 @@ def check_hub_folder(folder: Path, metrics: set[str], tokenizer: bool) -> ModelC
     )
     assert measured == expected and expected
     assert results["model"] in card.data.model_name
+    assert ("This run collapsed" in card.text) == results.get("collapse", {}).get("collapsed", False)
     assert f"{results['parameters']:,} parameters" in card.text
     return card

@@ -1,5 +1,6 @@
 """Paper A's data generators against brute-force references written here with plain Python loops."""
 
+import dataclasses
 import math
 import re
 import statistics
@@ -65,7 +66,7 @@ QUERY = re.compile(r"Find (min|sum|max) of categories (Cat\S), (Cat\S), (Cat\S) 
 
 def parse_prompt(text: str) -> dict:
     """Read a text rendering back: priced names and prices in order, decoys, op and queried names."""
-    listing, query = text.split(" Find ")
+    listing, query = text.split(". Find ")
     entries = listing.split(", ")
     names, prices, decoys = [], [], []
     i = 0
@@ -194,8 +195,9 @@ def test_mixed_renderings_describe_the_same_sample(task, scale):
     vocab = CharVocab()
     for i in range(60):
         row, numeric = text[i], positional[i]
-        assert row["text"] == f"{row['prompt']} {row['text'].rsplit(' ', 1)[1]}" and row["prompt"].endswith(" Answer:")
-        parsed = parse_prompt(row["prompt"][: -len(" Answer:")])
+        answer = row["text"].rsplit(" ", 1)[1]
+        assert row["text"] == f"{row['prompt']} Answer: {answer}" and re.fullmatch(r"\d{3,}\.\d{2}", answer)
+        parsed = parse_prompt(row["prompt"])
         assert len(parsed["names"]) == 8 and len(parsed["decoys"]) == 2 and len(set(parsed["queried"])) == 4
         prices = dict(zip(parsed["names"], parsed["prices"], strict=True))
         queried = [prices[name] for name in parsed["queried"]]
@@ -208,7 +210,7 @@ def test_mixed_renderings_describe_the_same_sample(task, scale):
         assert values[mask][8] == 0 and (values[~mask] == 0).all()  # scratchpad slot, then the characters
         assert numeric["labels"].item() == pytest.approx(expected, rel=1e-6)
         characters = vocab.decode(numeric["input_ids"][~mask])
-        assert characters == PRICE.sub("#", row["prompt"][: -len(" Answer:")])
+        assert characters == PRICE.sub("#", row["prompt"])
         assert (numeric["input_ids"][mask] == vocab.number_id).all()
 
 
@@ -237,10 +239,11 @@ def test_text_rendering_formats_numbers():
         op="sum",
         answer=123.45,
     )
-    assert render_text(sample) == "CatA, 00.71, Cat+B, CatB, 12.50 Find sum of categories CatA and CatB."
-    assert render_text_with_answer(sample).endswith(". Answer: 123.45")
+    assert render_text(sample) == "CatA, 00.71, Cat+B, CatB, 12.50. Find sum of categories CatA and CatB."
+    assert render_text_with_answer(sample).endswith("CatB. Answer: 123.45")
+    assert render_text_with_answer(dataclasses.replace(sample, answer=0.5)).endswith("CatB. Answer: 000.50")
     positional = render_for_positional(sample)
-    characters = "CatA, #, Cat+B, CatB, # Find sum of categories CatA and CatB."
+    characters = "CatA, #, Cat+B, CatB, #. Find sum of categories CatA and CatB."
     assert CharVocab().decode(positional["input_ids"]) == characters + "<num>" * 3  # 2 prices and the scratchpad
     np.testing.assert_allclose(positional["numeric_values"][-3:], [0.71, 12.5, 0.0])
     assert positional["labels"] == pytest.approx(123.45)

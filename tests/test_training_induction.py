@@ -49,6 +49,7 @@ def test_tiny_run_writes_results_depth_table_plots_and_models(tmp_path):
             run = tmp_path / f"depth-{depth}" / model / "seed-0"
             results = json.loads((run / "results.json").read_text())
             assert (results["model"], results["depth"]) == (model, depth) and list(results["by_scale"]) == [str(depth)]
+            assert results["collapse"]["metric"] == "error rate" and 0 < results["collapse"]["input_blind_error"] < 1
             metrics = results["by_scale"][str(depth)]
             for split in ("id", "ood"):
                 per_hop = [metrics[f"accuracy_{split}_k{k}"] for k in range(4)]
@@ -81,12 +82,26 @@ class FixedPredictions:
 
 def test_accuracy_counts_labelled_positions_only():
     experiment = induction.ExperimentArguments(length=20, test_samples=16)
-    perfect = induction.evaluate(FixedPredictions(lambda labels: labels.clamp(min=0)), experiment)
+    perfect, collapse = induction.evaluate(FixedPredictions(lambda labels: labels.clamp(min=0)), experiment)
     assert perfect["accuracy_id"] == perfect["accuracy_ood"] == 1.0  # the hop token's -100 is not a miss
+    assert not collapse["collapsed"] and collapse["error"] == 0
     no_answer = InductionVocab(3).no_answer_id
-    abstain = induction.evaluate(FixedPredictions(lambda labels: torch.full_like(labels, no_answer)), experiment)
+    abstain, _ = induction.evaluate(FixedPredictions(lambda labels: torch.full_like(labels, no_answer)), experiment)
     assert abstain["accuracy_id_k0"] == 0.0  # k = 0 copies the character: always answerable
     assert 0 < abstain["accuracy_id_k3"] < 1
+
+
+def test_predicting_each_positions_majority_label_is_a_collapse():
+    """A model that ignores the characters can at best predict each position's most frequent label."""
+    experiment = induction.ExperimentArguments(length=20, test_samples=16)
+
+    def majority(labels):  # per position, over the test set the model is shown
+        counts = torch.nn.functional.one_hot(labels.clamp(min=0), InductionVocab(3).vocab_size).sum(0)
+        return counts.argmax(-1).expand_as(labels)
+
+    metrics, collapse = induction.evaluate(FixedPredictions(majority), experiment)
+    assert collapse["collapsed"] and collapse["error"] == pytest.approx(collapse["input_blind_error"])
+    assert collapse["error"] == pytest.approx(1 - metrics["accuracy_id"])
 
 
 def test_finished_runs_are_never_overwritten(tmp_path, capsys):

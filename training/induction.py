@@ -23,7 +23,16 @@ import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.data.induction import IGNORE_INDEX
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, is_main_process, run_arguments, write_report
+from hf_attn.experiments import (
+    InMemoryDataset,
+    Run,
+    collapse_check,
+    finish_run,
+    input_blind_error_rate,
+    is_main_process,
+    run_arguments,
+    write_report,
+)
 from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard")
@@ -137,13 +146,14 @@ def report_metrics(max_hops: int) -> list[tuple[str, str, bool]]:
     return [*METRICS, *per_hop]
 
 
-def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> dict[str, float]:
-    """Cross-entropy and arg-max accuracy over labelled positions, per split and per hop count k.
+def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> tuple[dict[str, float], dict]:
+    """Cross-entropy and arg-max accuracy over labelled positions, per split and per hop count k, and the collapse
+    check on the in-distribution error rate.
 
     Each k has its own test set of `test_samples` samples, so every per-k number is equally precise and the overall
     ones, their means, weigh k uniformly as training does.
     """
-    metrics = {}
+    metrics, input_blind = {}, []
     hop_counts = range(experiment.max_hops + 1)
     shape = dict(num_samples=experiment.test_samples, length=experiment.length, max_hops=experiment.max_hops)
     for split, characters in TEST_SPLITS.items():
@@ -156,9 +166,12 @@ def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> dict[str, flo
             correct = (output.predictions.argmax(-1) == labels) & labelled  # (N, T)
             metrics[f"accuracy_{split}_k{k}"] = float(correct.sum() / labelled.sum())
             metrics[f"loss_{split}_k{k}"] = output.metrics["test_loss"]
+            if split == "id":
+                input_blind.append(input_blind_error_rate(labels, IGNORE_INDEX))
         for name in ("accuracy", "loss"):
             metrics[f"{name}_{split}"] = statistics.fmean(metrics[f"{name}_{split}_k{k}"] for k in hop_counts)
-    return metrics
+    collapse = collapse_check(1 - metrics["accuracy_id"], statistics.fmean(input_blind), "error rate")
+    return metrics, collapse
 
 
 def train_and_evaluate(
@@ -171,9 +184,10 @@ def train_and_evaluate(
     args = run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train_set))
     train_output, seconds = run.train(trainer, experiment.resume)
+    metrics, collapse = evaluate(trainer, experiment)
     return finish_run(
-        trainer, run, train_output, seconds, {str(depth): evaluate(trainer, experiment)},  # a row of the depth table
-        experiment="induction", depth=depth,
+        trainer, run, train_output, seconds, {str(depth): metrics},  # a row of the depth table
+        experiment="induction", depth=depth, collapse=collapse,
         config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 

@@ -3,19 +3,22 @@
 A sample lists 8 priced categories and 2 decoys without a price, then asks `Find min|sum|max of categories ...`.
 Positional and standard models read the characters plus the 8 prices as numbers (value * w + b) and regress the
 answer at position 0; GPT-2 reads the same sample as text and is fine-tuned as a causal LM to write
-` Answer: 00.89`, then evaluated by greedy decoding. Prices train in [0, 5] and test in [0, 5c]; test prompts
-use category names never seen in training.
+` Answer: 000.89` and stop, then evaluated by greedy decoding, as in Paper A's code. Prices train in [0, 5] and test
+in [0, 5c]. Every model is tested on category names seen in training (how Paper A's code tests the small models)
+and on unseen ones (how it tests GPT-2); the tables show both.
 
     python -m training.mixed configs/mixed/cpu.yaml
     python -m training.mixed configs/mixed/cpu.yaml --baseline_model gpt2-large   # online: the paper's GPT-2
     python -m training.mixed configs/mixed/cpu.yaml --baseline_model /path/to/local/gpt2
 
-Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, mse.png,
-mape.png} per task.
+Offline, `baseline_model` must be a local GPT-2: training/pretrain_gpt2.py makes one from the text in ../shared/data.
+Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, *.png} per task.
 """
 
+import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,12 +39,35 @@ from transformers.trainer_utils import TrainOutput
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
-from hf_attn.experiments import InMemoryDataset, Run, finish_run, plateau_trainer, run_arguments
+from hf_attn.data.mixed import NAME_SETS
+from hf_attn.experiments import (
+    InMemoryDataset,
+    Run,
+    collapse_check,
+    finish_run,
+    input_blind_mse,
+    plateau_trainer,
+    run_arguments,
+)
 from training.common import parse_config, run_config, run_experiment
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
-METRICS = (("mse", "MSE", True), ("mape", "MAPE", True), ("unparsed", "share of unparseable answers", False))
-TEST_SEED = 2_000_000  # test sets depend only on (task, c), so every model is tested on the same samples
+NAMES_TITLE = {"seen": "category names seen in training", "unseen": "unseen category names"}
+METRICS = tuple(  # (key, title, log scale)
+    (f"{metric}_{names}", f"{title}, {NAMES_TITLE[names]}", log_scale)
+    for metric, title, log_scale in (
+        ("mse", "MSE", True),
+        ("mape", "MAPE", True),
+        ("unparsed", "share of unparseable answers", False),
+    )
+    for names in NAME_SETS
+)
+TEST_SEED = 2_000_000  # test sets depend only on (task, c): every model is tested on the same samples
+# Paper A's fine-tuning code adds these to GPT-2's tokenizer: every text starts with BOS, padding is its own token
+# (so the end-of-text token after the answer is learned, not masked as padding).
+BASELINE_SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "pad_token": "<|pad|>"}
+Predict = Callable[[int, str], tuple[np.ndarray, np.ndarray]]  # (c, name set) -> (predictions, answers)
+Trained = tuple[Trainer, TrainOutput, Predict]
 
 
 @dataclass
@@ -57,7 +83,7 @@ class ExperimentArguments:
         default_factory=lambda: list(range(1, 11)), metadata={"help": "Test price ranges [0, 5c]; 1 is training's."}
     )
     train_samples: int = field(default=50_000, metadata={"help": "Training samples (Paper A: 50,000)."})
-    test_samples: int = field(default=1_000, metadata={"help": "Test samples per c."})
+    test_samples: int = field(default=1_000, metadata={"help": "Test samples per c and name set (Paper A: 1,000)."})
     plateau_factor: float = field(default=0.9, metadata={"help": "ReduceLROnPlateau factor (Paper A: 0.9)."})
     plateau_patience: int = field(default=10, metadata={"help": "ReduceLROnPlateau patience (Paper A: 10)."})
     plateau_min_lr: float = field(default=1e-6, metadata={"help": "ReduceLROnPlateau floor."})
@@ -75,7 +101,12 @@ class ExperimentArguments:
     baseline_epochs: float = field(default=3, metadata={"help": "Fine-tuning epochs (Paper A: 3)."})
     baseline_batch_size: int = field(default=16, metadata={"help": "Fine-tuning batch size (Paper A: 16)."})
     baseline_warmup_steps: int = field(default=100, metadata={"help": "Linear warm-up steps (Paper A: 100)."})
-    max_new_tokens: int = field(default=8, metadata={"help": "Tokens GPT-2 may write after `Answer:`."})
+    baseline_weight_decay: float = field(
+        default=0.01, metadata={"help": "AdamW weight decay (Paper A's code: torch's default, 0.01)."}
+    )
+    max_new_tokens: int = field(
+        default=15, metadata={"help": "Tokens GPT-2 may write after the prompt, ` Answer: ...` (Paper A's code: 15)."}
+    )
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
 
@@ -84,7 +115,10 @@ class ModelArguments:
     n_layer: int = field(default=3, metadata={"help": "Depth (Paper A: 3)."})
     n_embd: int = field(default=32, metadata={"help": "Width (Paper A: 32)."})
     n_head: int = field(default=2, metadata={"help": "Heads (Paper A: 2)."})
-    n_inner: int = field(default=64, metadata={"help": "MLP hidden width (our choice: not stated for this task)."})
+    n_inner: int = field(default=32, metadata={"help": "MLP hidden width (Paper A's params_nlp_scale.json: 32)."})
+    content_qk_dim: int | None = field(
+        default=None, metadata={"help": "Query/key width of each standard head; default n_embd (Paper A's code)."}
+    )
     n_positions: int = field(default=160, metadata={"help": "Longest sequence: characters + 8 numbers + scratchpad."})
     block_style: str = field(default="concat_mlp", metadata={"help": "Block (Paper A).", "choices": BLOCK_STYLES})
     positional_encoding: str = field(
@@ -106,6 +140,8 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
             problems.append(f"{name} must be >= 1, got {getattr(experiment, name)}")
     if model.n_embd % model.n_head:
         problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if model.content_qk_dim is not None and model.content_qk_dim < 1:
+        problems.append(f"content_qk_dim must be >= 1, got {model.content_qk_dim}")
     if "gpt2" in experiment.models:
         problems += baseline_problems(experiment.baseline_model, experiment.baseline_tokenizer)
     if problems:
@@ -126,7 +162,8 @@ def baseline_problems(model: str, tokenizer: str | None) -> list[str]:
             ):
                 problems.append(
                     f"{what}={name!r} is neither a local folder nor in the Hub cache, and HF_HUB_OFFLINE is set: "
-                    "pass a local GPT-2 checkpoint folder (see `python -m training.init_gpt2 --help`), or go online"
+                    "pass a local GPT-2 checkpoint folder (`python -m training.pretrain_gpt2 "
+                    "configs/mixed/gpt2_pretrain_cpu.yaml` makes one offline), or go online"
                 )
     return problems
 
@@ -134,8 +171,9 @@ def baseline_problems(model: str, tokenizer: str | None) -> list[str]:
 def positional_model(kind: str, model: ModelArguments, vocab_size: int):
     heads = {
         "positional": dict(model_type="positional_gpt2", position_embedding_type="none"),
-        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned"),
-    }[kind]
+        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned",
+                         content_qk_dim=model.content_qk_dim or model.n_embd),  # Paper A's code: d_model wide
+    }[kind]  # fmt: skip
     config = AutoConfig.for_model(
         **heads,
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner,
@@ -171,67 +209,104 @@ def errors(predictions: np.ndarray, answers: np.ndarray) -> dict[str, float]:
     }
 
 
-def train_positional(run: Run, task: str, experiment, model_args, training_args) -> tuple[dict, Trainer, TrainOutput]:
-    vocab = CharVocab()
-    model = positional_model(run.model, model_args, vocab.vocab_size)
+def held_out_set(task: str, experiment, scale: int, names: str, rendering: str):
+    """The same samples for every model: prices and prompts depend on (task, c); the name set only swaps names."""
+    return mixed_dataset(experiment.test_samples, task, rendering=rendering, scale=scale, names=names,
+                         seed=TEST_SEED + scale)  # fmt: skip
+
+
+def evaluate(predict: Predict, experiment) -> tuple[dict, dict]:
+    """Errors per c on both name sets (`predict(scale, names)` gives predictions and answers), and the collapse
+    check on names seen in training at c = 1, in distribution (over parsed answers for GPT-2)."""
+    by_scale, collapse = {}, None
+    for scale in sorted({1, *experiment.scales}):
+        metrics = {}
+        for names in NAME_SETS:
+            predictions, answers = predict(scale, names)
+            metrics.update({f"{key}_{names}": value for key, value in errors(predictions, answers).items()})
+            if scale == 1 and names == "seen":
+                parsed = ~np.isnan(predictions)
+                error = metrics["mse_seen"] if parsed.any() else math.inf
+                collapse = collapse_check(error, input_blind_mse(answers[parsed] if parsed.any() else answers), "mse")
+        if scale in experiment.scales:
+            by_scale[str(scale)] = metrics
+    return by_scale, collapse
+
+
+def train_positional(run: Run, task: str, experiment, model_args, training_args) -> Trained:
+    model = positional_model(run.model, model_args, CharVocab().vocab_size)
     train_set = answer_at_position_zero(mixed_dataset(experiment.train_samples, task, seed=run.seed))
     trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     output, _ = run.train(trainer, experiment.resume)
-    by_scale = {}
-    for scale in experiment.scales:
-        test = mixed_dataset(experiment.test_samples, task, scale=scale, names="unseen", seed=TEST_SEED + scale)
-        test_rows = answer_at_position_zero(test)
-        predictions = trainer.predict(test_rows).predictions[:, 0, 0]
-        by_scale[str(scale)] = errors(
-            predictions.astype(np.float64), test_rows.columns["labels"][:, 0].double().numpy()
-        )
-    return by_scale, trainer, output
+
+    def predict(scale: int, names: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = answer_at_position_zero(held_out_set(task, experiment, scale, names, "positional"))
+        predictions = trainer.predict(rows).predictions[:, 0, 0].astype(np.float64)
+        return predictions, rows.columns["labels"][:, 0].double().numpy()
+
+    return trainer, output, predict
 
 
-def train_gpt2(run: Run, task: str, experiment, training_args) -> tuple[dict, Trainer, TrainOutput]:
+def baseline(experiment):
+    """The GPT-2 to fine-tune and its tokenizer, with Paper A's special tokens added (and embedded)."""
     tokenizer = AutoTokenizer.from_pretrained(experiment.baseline_tokenizer or experiment.baseline_model)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(experiment.baseline_model)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         raise ValueError(
             f"baseline_tokenizer has {len(tokenizer)} tokens but baseline_model embeds only "
             f"{model.get_input_embeddings().num_embeddings}: they do not belong together."
         )
+    tokenizer.add_special_tokens(BASELINE_SPECIAL_TOKENS)
+    model.resize_token_embeddings(len(tokenizer))
+    return model, tokenizer
+
+
+def causal_lm_set(texts, tokenizer):
+    """Token ids of BOS, prompt, answer and end of text, as Paper A's fine-tuning code writes every sample."""
+    return texts.map(
+        lambda rows: tokenizer([tokenizer.bos_token + text + tokenizer.eos_token for text in rows["text"]]),
+        batched=True, remove_columns=texts.column_names,
+    )  # fmt: skip
+
+
+def train_gpt2(run: Run, task: str, experiment, training_args) -> Trained:
+    model, tokenizer = baseline(experiment)
     samples = experiment.baseline_train_samples or experiment.train_samples
-    texts = mixed_dataset(samples, task, rendering="text", seed=run.seed)
-    train_set = texts.map(lambda rows: tokenizer([t + tokenizer.eos_token for t in rows["text"]]), batched=True,
-                          remove_columns=texts.column_names)  # fmt: skip
+    train_set = causal_lm_set(mixed_dataset(samples, task, rendering="text", seed=run.seed), tokenizer)
     args = run_arguments(
         training_args, run, learning_rate=experiment.baseline_learning_rate,
         num_train_epochs=experiment.baseline_epochs, per_device_train_batch_size=experiment.baseline_batch_size,
-        warmup_steps=experiment.baseline_warmup_steps, lr_scheduler_type="linear", weight_decay=0.0,
+        warmup_steps=experiment.baseline_warmup_steps, lr_scheduler_type="linear",
+        weight_decay=experiment.baseline_weight_decay,
     )  # fmt: skip
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels: every token but the padding
     trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator,
                       processing_class=tokenizer)  # saved with the model  # fmt: skip
     output, _ = run.train(trainer, experiment.resume)
-    by_scale = {}
-    for scale in experiment.scales:
-        test = mixed_dataset(experiment.test_samples, task, rendering="text", scale=scale, names="unseen",
-                             seed=TEST_SEED + scale)  # fmt: skip
-        predictions = greedy_answers(model, tokenizer, test["prompt"], experiment.max_new_tokens)
-        by_scale[str(scale)] = errors(predictions, np.asarray(test["answer"], dtype=np.float64))
-    return by_scale, trainer, output
+
+    def predict(scale: int, names: str) -> tuple[np.ndarray, np.ndarray]:
+        test = held_out_set(task, experiment, scale, names, "text")
+        prompts = [tokenizer.bos_token + prompt for prompt in test["prompt"]]
+        return greedy_answers(model, tokenizer, prompts, experiment.max_new_tokens), np.asarray(test["answer"])
+
+    return trainer, output, predict
 
 
 @torch.no_grad()
 def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 32) -> np.ndarray:
-    """Greedy continuation of each prompt, parsed; NaN where the text has no readable answer."""
+    """Greedy continuation of each prompt, parsed after `Answer:`; NaN where the text has no readable answer."""
     model.eval()
     tokenizer.padding_side = "left"
     answers = []
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(model.device)
-        generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        generated = model.generate(
+            **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
         texts = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        answers += [parse_answer("Answer:" + text) for text in texts]
+        answers += [parse_answer(text) for text in texts]
     return np.array([np.nan if a is None else a for a in answers], dtype=np.float64)
 
 
@@ -239,11 +314,13 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     set_seed(run.seed)
     start = time.perf_counter()
     if run.model == "gpt2":
-        by_scale, trainer, train_output = train_gpt2(run, task, experiment, training_args)
+        trainer, train_output, predict = train_gpt2(run, task, experiment, training_args)
     else:
-        by_scale, trainer, train_output = train_positional(run, task, experiment, model_args, training_args)
+        trainer, train_output, predict = train_positional(run, task, experiment, model_args, training_args)
+    seconds = time.perf_counter() - start
+    by_scale, collapse = evaluate(predict, experiment)
     return finish_run(
-        trainer, run, train_output, time.perf_counter() - start, by_scale, experiment="mixed", task=task,
+        trainer, run, train_output, seconds, by_scale, experiment="mixed", task=task, collapse=collapse,
         config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
@@ -253,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     validate(experiment, model_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        heading = f"mixed {task}: errors by test price range [0, 5c], unseen category names"
+        heading = f"mixed {task}: errors by test price range [0, 5c], category names seen in training and unseen"
         run_experiment(
             output_dir / task,
             experiment.models,

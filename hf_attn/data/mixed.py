@@ -2,8 +2,8 @@
 
 One `MixedSample` has two renderings, so every model type sees the same data:
 
-- text, for a causal LM such as GPT-2: `CatA, 00.71, Cat+B, CatB, 01.41, ... Find min of categories CatA, CatC,
-  CatD and CatH. Answer: 00.89`;
+- text, for a causal LM such as GPT-2, as Paper A's fine-tuning code writes it: `CatA, 00.71, Cat+B, CatB, 01.41,
+  .... Find min of categories CatA, CatC, CatD and CatH. Answer: 000.89` (prices `dd.dd`, the answer `ddd.dd`);
 - positional, for the positional and standard models: the same characters with each price replaced by `#`, the
   8 prices appended as numeric positions (embedded as value * w + b), then one scratchpad slot; the answer is
   regressed from the output at position 0.
@@ -29,7 +29,7 @@ DECOY_SYMBOLS = "+-"  # a decoy is `Cat+B` or `Cat-B`: a near-copy of a listed n
 PRICE_PLACEHOLDER = "#"
 PRICE_LOW, PRICE_HIGH = 0.0, 5.0  # training price range; the OOD test range is [0, 5c]
 NUM_CATEGORIES, NUM_DECOYS, NUM_QUERIED = 8, 2, 4
-ANSWER_PREFIX = " Answer:"  # the LM prompt ends here; the answer follows after one space
+ANSWER_PREFIX = " Answer:"  # follows the prompt; the answer follows after one space
 
 _ANSWER_PATTERN = re.compile(r"Answer:\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))")
 
@@ -48,8 +48,13 @@ class MixedSample:
 
 
 def _format_number(value: float) -> str:
-    # Paper A prints numbers as dd.dd; `%05.2f` keeps at least 2 integer digits and grows past 99.99.
+    # Paper A prints prices as dd.dd; `%05.2f` keeps at least 2 integer digits and grows past 99.99.
     return f"{value:05.2f}"
+
+
+def _format_answer(value: float) -> str:
+    # Paper A's fine-tuning code prints the answer as ddd.dd (`%06.2f`): sums of four prices reach 200 at c = 10.
+    return f"{value:06.2f}"
 
 
 def _render(sample: MixedSample, price_text: Callable[[float], str]) -> str:
@@ -59,7 +64,7 @@ def _render(sample: MixedSample, price_text: Callable[[float], str]) -> str:
     for position, decoy in zip(sample.decoy_positions, sample.decoys, strict=True):
         items.insert(position, decoy)
     queried = ", ".join(sample.queried[:-1]) + f" and {sample.queried[-1]}"
-    return f"{', '.join(items)} Find {sample.op} of categories {queried}."
+    return f"{', '.join(items)}. Find {sample.op} of categories {queried}."
 
 
 def render_text(sample: MixedSample) -> str:
@@ -68,8 +73,8 @@ def render_text(sample: MixedSample) -> str:
 
 
 def render_text_with_answer(sample: MixedSample) -> str:
-    """The causal-LM training text: the prompt followed by ` Answer: 00.89`."""
-    return f"{render_text(sample)}{ANSWER_PREFIX} {_format_number(sample.answer)}"
+    """The causal-LM training text: the prompt followed by ` Answer: 000.89`."""
+    return f"{render_text(sample)}{ANSWER_PREFIX} {_format_answer(sample.answer)}"
 
 
 def parse_answer(generated: str) -> float | None:
@@ -228,7 +233,8 @@ def mixed_dataset(
     """The samples of `sample_mixed` with the same arguments, in one rendering.
 
     `"positional"`: torch-formatted `input_ids`, `numeric_values`, `numeric_mask`, `attention_mask`, `labels`.
-    `"text"`: `text` (prompt and answer, for causal-LM training), `prompt` (ending with ` Answer:`) and `answer`.
+    `"text"`: `text` (prompt and answer, for causal-LM training), `prompt` (the text before ` Answer:`: as in
+    Paper A's evaluation, the model writes ` Answer: ...` itself) and `answer`.
     """
     if rendering not in RENDERINGS:
         raise ValueError(f"`rendering` must be one of {list(RENDERINGS)}, got {rendering!r}.")
@@ -238,7 +244,7 @@ def mixed_dataset(
     return datasets.Dataset.from_dict(
         {
             "text": [render_text_with_answer(sample) for sample in samples],
-            "prompt": [render_text(sample) + ANSWER_PREFIX for sample in samples],
+            "prompt": [render_text(sample) for sample in samples],
             "answer": [sample.answer for sample in samples],
         }
     )

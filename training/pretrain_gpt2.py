@@ -1,0 +1,98 @@
+"""Pretrain a small GPT-2 on the text there is offline: the mixed task's GPT-2 baseline when the Hub is out of reach.
+
+Paper A fine-tunes a pretrained GPT-2 (gpt2-large). Online, `training/mixed.py --baseline_model gpt2-large` does just
+that. Offline there are no pretrained weights, so the closest honest substitute is built here: GPT-2's architecture
+(`GPT2LMHeadModel`) and tokenizer, pretrained as a language model on every `wiki.*.raw` file of `data_dir`
+(../shared/data has WikiText-2's validation and test splits, about half a million tokens), then fine-tuned on the task
+by training/mixed.py with Paper A's recipe. It is far smaller than GPT-2 and has read a ten-thousandth of its text.
+
+    python -m training.pretrain_gpt2 configs/mixed/gpt2_pretrain_cpu.yaml
+    # then: python -m training.mixed configs/mixed/cpu.yaml  (baseline_model: checkpoints/gpt2-wikitext/model)
+
+Writes OUTPUT_DIR/{results.json, model/}: the model with its tokenizer, and held-out perplexity and run time.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+
+from hf_attn.data.wikitext import language_modelling_blocks, tokenize_text
+from hf_attn.experiments import InMemoryDataset, Run, machine_state, perplexity, run_arguments
+from training.common import TRAINING_FIELDS, parse_config, say
+
+
+@dataclass
+class PretrainArguments:
+    data_dir: str = field(
+        default="../shared/data/wikitext-2-raw", metadata={"help": "Folder of wiki.*.raw files; every one is read."}
+    )
+    tokenizer: str = field(default="../shared/data/gpt2-tokenizer", metadata={"help": "GPT-2 tokenizer folder or id."})
+    held_out: float = field(default=0.05, metadata={"help": "Share of the tokens (the last ones) kept for perplexity."})
+    block_size: int = field(default=128, metadata={"help": "Tokens per training sequence."})
+    n_layer: int = field(default=4, metadata={"help": "Depth (GPT-2 small: 12, gpt2-large: 36)."})
+    n_embd: int = field(default=128, metadata={"help": "Width (GPT-2 small: 768)."})
+    n_head: int = field(default=4, metadata={"help": "Heads (GPT-2 small: 12)."})
+    resume: bool = field(default=False, metadata={"help": "Continue an interrupted pretraining from its checkpoint."})
+
+
+def validate(args: PretrainArguments) -> list[Path]:
+    """The text files, or a ValueError naming the field, before anything is built."""
+    problems = []
+    folder = Path(args.data_dir)
+    files = sorted(folder.glob("wiki.*.raw")) if folder.is_dir() else []
+    if not files:
+        problems.append(f"data_dir {folder} holds no wiki.*.raw file (offline: ../shared/data/wikitext-2-raw)")
+    if not 0 < args.held_out < 1:
+        problems.append(f"held_out must be in (0, 1), got {args.held_out}")
+    for name in ("block_size", "n_layer", "n_embd", "n_head"):
+        if getattr(args, name) < (2 if name == "block_size" else 1):
+            problems.append(f"{name} must be >= {2 if name == 'block_size' else 1}, got {getattr(args, name)}")
+    if args.n_head >= 1 and args.n_embd % args.n_head:
+        problems.append(f"n_embd ({args.n_embd}) must be divisible by n_head ({args.n_head})")
+    if problems:
+        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    return files
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, training_args = parse_config((PretrainArguments, TrainingArguments), argv)
+    files = validate(args)
+    run = Run(Path(training_args.output_dir), "gpt2", training_args.seed)
+    if run.finished:
+        say(f"{run.folder}: pretrained earlier, kept as it is ({run.model_folder})")
+        return
+    set_seed(training_args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    token_ids = np.concatenate([tokenize_text(path.read_text(), tokenizer) for path in files])
+    split = int(len(token_ids) * (1 - args.held_out))
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    train_set = InMemoryDataset(language_modelling_blocks(token_ids[:split], args.block_size))
+    trainer = Trainer(model=model, args=run_arguments(training_args, run), train_dataset=train_set)
+    output, seconds = run.train(trainer, args.resume)
+    held_out = perplexity(model, token_ids[split:], context_length=args.block_size, stride=args.block_size // 2)
+    model.config.use_cache = True
+    trainer.save_model(str(run.model_folder))
+    tokenizer.save_pretrained(run.model_folder)
+    run.write_results({
+        "model": "gpt2", "seed": run.seed, "parameters": model.num_parameters(), "files": [p.name for p in files],
+        "train_tokens": split, "held_out_tokens": len(token_ids) - split, "held_out_perplexity": held_out["perplexity"],
+        "train_loss": output.training_loss, "train_seconds": seconds, "machine": machine_state(),
+        "config": {"pretrain": dataclasses.asdict(args),
+                   "training": {name: getattr(training_args, name) for name in TRAINING_FIELDS}},
+    })  # fmt: skip
+    say(
+        f"{run.model_folder}: GPT-2 of {model.num_parameters():,} parameters pretrained on {split:,} tokens of "
+        f"{', '.join(p.name for p in files)} in {seconds / 60:.1f} min; held-out perplexity "
+        f"{held_out['perplexity']:.1f} on {len(token_ids) - split:,} tokens"
+    )
+
+
+if __name__ == "__main__":
+    main()
