@@ -318,7 +318,8 @@ def aggregate(results: Iterable[dict], metric: str) -> dict[str, dict[str, dict[
     return {model: {s: summarize(v) for s, v in by_scale.items()} for model, by_scale in grouped.items()}
 
 
-def _format(value: float) -> str:
+def format_value(value: float) -> str:
+    """Three decimals, or scientific notation for very small and very large values; `n/a` when not finite."""
     if not math.isfinite(value):
         return "n/a"
     return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e3) else f"{value:.3f}"
@@ -343,7 +344,7 @@ def markdown_table(summary: dict[str, dict[str, dict[str, float]]], scale_name: 
         cells = []
         for model in models:
             stats = summary[model].get(scale, {"mean": math.nan, "median": math.nan})
-            cells += [_format(stats["mean"]), _format(stats["median"])]
+            cells += [format_value(stats["mean"]), format_value(stats["median"])]
         lines.append(f"| {scale} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -433,10 +434,9 @@ def collapse_summary(results: list[dict]) -> str:
     for result in results:
         if is_collapsed(result):
             check = result["collapse"]
-            collapsed.append(
-                f"{result['model']} seed {result['seed']} ({check['metric']} {_format(check['error'])}, input-blind "
-                f"predictor {_format(check['input_blind_error'])})"
-            )
+            error, blind = format_value(check["error"]), format_value(check["input_blind_error"])
+            run = f"{result['model']} seed {result['seed']}"
+            collapsed.append(f"{run} ({check['metric']} {error}, input-blind predictor {blind})")
         else:
             kept[result["model"]] += 1
     counts = ", ".join(f"{model} {count}" for model, count in kept.items())
@@ -499,6 +499,7 @@ __all__ = [
     "is_collapsed",
     "perplexity",
     "aggregate",
+    "format_value",
     "markdown_table",
     "plot_metric",
     "plot_bars",

@@ -27,7 +27,7 @@ DDP, FSDP = ROOT / "configs/accelerate/ddp.yaml", ROOT / "configs/accelerate/fsd
 # test_training_algorithmic's TINY: 200 samples in batches of 50 per process, 2 epochs. One process takes
 # 200 / 50 = 4 steps an epoch; two split each epoch's samples, 2 steps each.
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
-        "--num_train_epochs", "2", "--scales", "1", "3"]  # fmt: skip
+        "--num_train_epochs", "2", "--scales", "1", "3", "--seeds", "0"]  # fmt: skip
 EPOCHS, STEPS_PER_EPOCH = 2, {1: 4, 2: 2}  # processes -> optimizer steps per epoch
 
 

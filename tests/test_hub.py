@@ -19,7 +19,7 @@ from training.common import parse_config
 
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
-        "--num_train_epochs", "1", "--scales", "1", "3"]  # fmt: skip
+        "--num_train_epochs", "1", "--scales", "1", "3", "--seeds", "0"]  # fmt: skip
 RUNS = ("cumulative_min/positional/seed-0", "cumulative_min/standard/seed-0")
 
 

@@ -13,6 +13,7 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +28,12 @@ from hf_attn.experiments import (
     collapse_check,
     finish_run,
     input_blind_mse,
+    is_main_process,
     plateau_trainer,
     regression_metrics,
+    write_report,
 )
-from training.common import parse_config, run_config, run_experiment
+from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
@@ -164,24 +167,25 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     )  # fmt: skip
 
 
+def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
+    """Per task, OUTPUT_DIR/TASK/{results.md, mse.png, accuracy.png}; returns the reports' text."""
+    reports = []
+    for task in dict.fromkeys(result["task"] for result in results):
+        heading = f"{task}: MSE and accuracy by test range [{experiment.train_low}c, {experiment.train_high}c]"
+        reports.append(write_report(output_dir / task, heading, [r for r in results if r["task"] == task], METRICS))
+    return "\n".join(reports)
+
+
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args, training_args)
     output_dir = Path(training_args.output_dir)
     for task in experiment.tasks:
-        heading = f"{task}: MSE and accuracy by test range [{experiment.train_low}c, {experiment.train_high}c]"
-        run_experiment(
-            output_dir / task,
-            experiment.models,
-            experiment.seeds,
-            train_and_evaluate,
-            heading,
-            METRICS,
-            task=task,
-            experiment=experiment,
-            model_args=model_args,
-            training_args=training_args,
-        )
+        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
+                                  training_args=training_args)  # fmt: skip
+        results = run_all(runs_for(output_dir / task, experiment.models, experiment.seeds), train, training_args)
+        if is_main_process():
+            print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":

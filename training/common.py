@@ -2,7 +2,6 @@
 run of an experiment, each pushed to its own Hub repository when asked to."""
 
 import dataclasses
-import functools
 import json
 import sys
 from argparse import ArgumentTypeError
@@ -13,7 +12,7 @@ import yaml
 from transformers import AutoConfig, HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from hf_attn.experiments import Run, is_main_process, wait_for_everyone, write_report
+from hf_attn.experiments import Run, is_main_process, wait_for_everyone
 from hf_attn.hub import hub_problems, push_run, run_repo_id
 
 
@@ -123,12 +122,3 @@ def run_config(experiment, model_args, training_args) -> dict:
 
 
 TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "seed")
-
-
-def run_experiment(folder: Path, models: list[str], seeds: list[int], train_and_evaluate, heading: str, metrics,
-                   **arguments) -> None:  # fmt: skip
-    """Every (model, seed) run of one experiment in `folder`, then its report (printed and in results.md)."""
-    train = functools.partial(train_and_evaluate, **arguments)
-    results = run_all(runs_for(folder, models, seeds), train, arguments["training_args"])
-    if is_main_process():
-        print(write_report(folder, heading, results, metrics))

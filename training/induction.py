@@ -192,6 +192,12 @@ def train_and_evaluate(
     )  # fmt: skip
 
 
+def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
+    """OUTPUT_DIR/{results.md, *.png}: a row per depth; returns the report's text."""
+    metrics = report_metrics(experiment.max_hops)
+    return write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)")
+
+
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args, training_args)
@@ -202,9 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         train = functools.partial(train_and_evaluate, depth=depth, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
         results += run_all(runs, train, training_args)
-    metrics = report_metrics(experiment.max_hops)
     if is_main_process():
-        print(write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)"))
+        print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":

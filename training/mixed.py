@@ -15,6 +15,7 @@ Offline, `baseline_model` must be a local GPT-2: training/pretrain_gpt2.py makes
 Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, *.png} per task.
 """
 
+import functools
 import math
 import os
 import time
@@ -46,10 +47,12 @@ from hf_attn.experiments import (
     collapse_check,
     finish_run,
     input_blind_mse,
+    is_main_process,
     plateau_trainer,
     run_arguments,
+    write_report,
 )
-from training.common import parse_config, run_config, run_experiment
+from training.common import parse_config, run_all, run_config, runs_for
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
 NAMES_TITLE = {"seen": "category names seen in training", "unseen": "unseen category names"}
@@ -130,8 +133,9 @@ class ModelArguments:
     activation_function: str = field(default="relu", metadata={"help": "MLP activation (Paper A: relu)."})
 
 
-def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
-    """Every problem at once, before data or checkpoints are loaded."""
+def validate(experiment: ExperimentArguments, model: ModelArguments, output_dir: Path) -> None:
+    """Every problem at once, before data or checkpoints are loaded. The baseline checkpoint is needed only while a
+    GPT-2 run is still to train (finished runs are reported from their results alone)."""
     problems = []
     if any(c < 1 for c in experiment.scales):
         problems.append(f"scales must all be >= 1, got {experiment.scales}")
@@ -142,7 +146,8 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
         problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
     if model.content_qk_dim is not None and model.content_qk_dim < 1:
         problems.append(f"content_qk_dim must be >= 1, got {model.content_qk_dim}")
-    if "gpt2" in experiment.models:
+    gpt2_runs = [run for task in experiment.tasks for run in runs_for(output_dir / task, ["gpt2"], experiment.seeds)]
+    if "gpt2" in experiment.models and not all(run.finished for run in gpt2_runs):
         problems += baseline_problems(experiment.baseline_model, experiment.baseline_tokenizer)
     if problems:
         raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
@@ -325,24 +330,25 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     )  # fmt: skip
 
 
+def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
+    """Per task, OUTPUT_DIR/TASK/{results.md, *.png}; returns the reports' text."""
+    reports = []
+    for task in dict.fromkeys(result["task"] for result in results):
+        heading = f"mixed {task}: errors by test price range [0, 5c], category names seen in training and unseen"
+        reports.append(write_report(output_dir / task, heading, [r for r in results if r["task"] == task], METRICS))
+    return "\n".join(reports)
+
+
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    validate(experiment, model_args)
     output_dir = Path(training_args.output_dir)
+    validate(experiment, model_args, output_dir)
     for task in experiment.tasks:
-        heading = f"mixed {task}: errors by test price range [0, 5c], category names seen in training and unseen"
-        run_experiment(
-            output_dir / task,
-            experiment.models,
-            experiment.seeds,
-            train_and_evaluate,
-            heading,
-            METRICS,
-            task=task,
-            experiment=experiment,
-            model_args=model_args,
-            training_args=training_args,
-        )
+        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
+                                  training_args=training_args)  # fmt: skip
+        results = run_all(runs_for(output_dir / task, experiment.models, experiment.seeds), train, training_args)
+        if is_main_process():
+            print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,186 @@
+"""Every committed report and README table regenerated from the committed results, in one command.
+
+    python -m training.reports
+
+`docs/results/NAME/` holds one CPU experiment's runs as results.json files (no weights: those stay in the run's
+`model/` folder under `outputs/`). For each folder this rewrites the family's reports (results.md and the plots),
+then every table of README.md between `<!-- generated: NAME -->` and `<!-- /generated -->` from the same files.
+Nothing trains. To publish a new run: copy its OUTPUT_DIR without `model/` and `checkpoint-*` folders (`--publish`).
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from hf_attn.experiments import aggregate, format_value, is_collapsed
+from training import algorithmic, induction, mixed
+
+ROOT = Path(__file__).parents[1]
+DOCS = ROOT / "docs" / "results"
+README = ROOT / "README.md"
+FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction}
+TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
+              "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
+
+
+def load_results(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("**/seed-*/results.json"))]
+
+
+def write_family_reports(folder: Path) -> None:
+    results = load_results(folder)
+    family = FAMILIES[results[0]["experiment"]]
+    experiment = family.ExperimentArguments(**results[0]["config"]["experiment"])
+    family.write_reports(folder, results, experiment)
+
+
+def median(summary: dict, model: str, row: str) -> float:
+    return summary.get(model, {}).get(row, {"median": float("nan")})["median"]
+
+
+def collapsed_runs(results: list[dict]) -> str:
+    runs = [f"{r['model']} seed {r['seed']}" + (f" ({r['task']})" if "task" in r else "") for r in results
+            if is_collapsed(r)]  # fmt: skip
+    return "Collapsed runs (left out): " + ("; ".join(runs) if runs else "none") + "."
+
+
+def quickstart_table() -> str:
+    results = load_results(DOCS / "quickstart")
+    summary = aggregate(results, "mse")
+    lines = ["| c | positional mean | positional median | standard mean | standard median |", "|---|---|---|---|---|"]
+    for c in sorted(summary["positional"], key=int):
+        cells = [format_value(summary[m][c][stat]) for m in ("positional", "standard") for stat in ("mean", "median")]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+
+
+def algorithmic_table() -> str:
+    """Per task: median MSE over seeds in and far out of distribution, and the ratio Paper A's claim is about."""
+    results = load_results(DOCS / "algorithmic_cpu")
+    lines = [
+        "| task | positional, c = 1 | standard, c = 1 | positional, c = 10 | standard, c = 10 | standard / positional "
+        "at c = 10 | runs kept (collapsed) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task, name in TASK_NAMES.items():
+        runs = [r for r in results if r["task"] == task]
+        summary = aggregate(runs, "mse")
+        p1, s1 = median(summary, "positional", "1"), median(summary, "standard", "1")
+        p10, s10 = median(summary, "positional", "10"), median(summary, "standard", "10")
+        kept = {m: sum(r["model"] == m and not is_collapsed(r) for r in runs) for m in ("positional", "standard")}
+        dropped = sum(is_collapsed(r) for r in runs)
+        cells = [format_value(v) for v in (p1, s1, p10, s10)] + [f"{s10 / p10:.1f}x", f"{kept['positional']} + "
+                 f"{kept['standard']} ({dropped})"]  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mixed_table(task: str) -> str:
+    """Median MSE over seeds per c, both name sets; GPT-2's share of parsed answers beside its MSE."""
+    results = [r for r in load_results(DOCS / "mixed_cpu") if r["task"] == task]
+    mse = {names: aggregate(results, f"mse_{names}") for names in ("seen", "unseen")}
+    unparsed = {names: aggregate(results, f"unparsed_{names}") for names in ("seen", "unseen")}
+    header = ["c"] + [f"{model}, {names} names" for names in ("seen", "unseen") for model in
+                      ("positional", "standard", "GPT-2 (parsed)")]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for c in sorted(mse["seen"]["positional"], key=int):
+        cells = []
+        for names in ("seen", "unseen"):
+            cells += [format_value(median(mse[names], m, c)) for m in ("positional", "standard")]
+            parsed = 1 - median(unparsed[names], "gpt2", c)
+            cells.append(f"{format_value(median(mse[names], 'gpt2', c))} ({parsed:.0%})")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+
+
+def induction_table() -> str:
+    results = load_results(DOCS / "induction_cpu")
+    accuracy = {split: aggregate(results, f"accuracy_{split}") for split in ("id", "ood")}
+    columns = ["positional, seen characters", "standard, seen characters", "positional, unseen", "standard, unseen"]
+    lines = ["| depth | " + " | ".join(columns) + " |", "|---|---|---|---|---|"]
+    for depth in sorted(accuracy["id"]["positional"], key=int):
+        cells = [format_value(median(accuracy[s], m, depth)) for s in ("id", "ood") for m in ("positional", "standard")]
+        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+
+
+def gpt2_pretraining_text() -> str:
+    """What the offline GPT-2 baseline is, from its pretraining record."""
+    run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
+    pretrain, training = run["config"]["pretrain"], run["config"]["training"]
+    return (
+        f"That is `GPT2LMHeadModel` with GPT-2's tokenizer: {pretrain['n_layer']} layers, width {pretrain['n_embd']}, "
+        f"{pretrain['n_head']} heads, {run['parameters']:,} parameters (gpt2-large: 774M), pretrained as a language "
+        f"model for {training['num_train_epochs']:g} epochs on {run['train_tokens']:,} tokens of "
+        f"{' and '.join(run['files'])} (GPT-2: 40 GB of WebText) in "
+        f"{run['train_seconds'] / 60:.0f} minutes; on the {run['held_out_tokens']:,} held-out tokens its perplexity "
+        f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above, on "
+        "fewer samples (the config says how many). It has read some English, and is far from the GPT-2 Paper A "
+        "fine-tunes: its rows below are labelled as this substitute."
+    )
+
+
+def run_times_table() -> str:
+    """Training time per run (evaluation excluded) and the load the machine was under when each run ended."""
+    lines = ["| experiment | runs | training, all runs | per run (min - max) | 1-minute load when runs ended |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name in ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu"):
+        results = load_results(DOCS / name)
+        seconds = [r["train_seconds"] for r in results]
+        loads = [r["machine"]["load_average"][0] for r in results]
+        lines.append(
+            f"| `{name}` | {len(results)} | {sum(seconds) / 60:.1f} min | {min(seconds):.0f} - {max(seconds):.0f} s "
+            f"| {min(loads):.1f} - {max(loads):.1f} (median {statistics.median(loads):.1f}) on "
+            f"{results[0]['machine']['cpus']} cores |"
+        )
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "quickstart": quickstart_table,
+    "algorithmic": algorithmic_table,
+    "mixed-min": lambda: mixed_table("min"),
+    "mixed-sum": lambda: mixed_table("sum"),
+    "induction": induction_table,
+    "paper-a-run-times": run_times_table,
+    "gpt2-pretraining": gpt2_pretraining_text,
+}
+
+
+def splice_tables(text: str) -> str:
+    """Every `<!-- generated: NAME -->` ... `<!-- /generated -->` block of `text` refilled by `TABLES[NAME]`."""
+    out, rest = [], text
+    while (start := rest.find("<!-- generated: ")) >= 0:
+        name_end = rest.index(" -->", start)
+        name = rest[start + len("<!-- generated: ") : name_end]
+        end = rest.index("<!-- /generated -->", name_end)
+        out.append(rest[: name_end + len(" -->")] + "\n" + TABLES[name]() + "\n")
+        rest = rest[end:]
+    return "".join(out) + rest
+
+
+def publish(output_dir: Path, name: str) -> None:
+    """Copies an experiment's results (no weights, no checkpoints) into docs/results/NAME."""
+    target = DOCS / name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(output_dir, target, ignore=shutil.ignore_patterns("model", "checkpoint-*", "runs"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--publish", nargs=2, action="append", default=[], metavar=("OUTPUT_DIR", "NAME"),
+                        help="first copy OUTPUT_DIR's results into docs/results/NAME")  # fmt: skip
+    args = parser.parse_args(argv)
+    for output_dir, name in args.publish:
+        publish(Path(output_dir), name)
+    for name in ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu"):
+        write_family_reports(DOCS / name)
+    README.write_text(splice_tables(README.read_text()))
+    print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md")
+
+
+if __name__ == "__main__":
+    main()
