@@ -145,4 +145,3 @@ def test_unknown_model_name_stops_at_parsing(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--models", "gpt3"])
     assert "invalid choice" in capsys.readouterr().err
-

@@ -13,7 +13,6 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,12 +27,10 @@ from hf_attn.experiments import (
     collapse_check,
     finish_run,
     input_blind_mse,
-    is_main_process,
     plateau_trainer,
     regression_metrics,
-    write_report,
 )
-from training.common import parse_config, run_all, run_config, runs_for
+from training.common import parse_config, run_config, run_tasks, write_task_reports
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
@@ -169,23 +166,16 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """Per task, OUTPUT_DIR/TASK/{results.md, mse.png, accuracy.png}; returns the reports' text."""
-    reports = []
-    for task in dict.fromkeys(result["task"] for result in results):
-        heading = f"{task}: MSE and accuracy by test range [{experiment.train_low}c, {experiment.train_high}c]"
-        reports.append(write_report(output_dir / task, heading, [r for r in results if r["task"] == task], METRICS))
-    return "\n".join(reports)
+    test_range = f"[{experiment.train_low}c, {experiment.train_high}c]"
+    return write_task_reports(
+        output_dir, results, lambda task: f"{task}: MSE and accuracy by test range {test_range}", METRICS
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args, training_args)
-    output_dir = Path(training_args.output_dir)
-    for task in experiment.tasks:
-        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
-                                  training_args=training_args)  # fmt: skip
-        results = run_all(runs_for(output_dir / task, experiment.models, experiment.seeds), train, training_args)
-        if is_main_process():
-            print(write_reports(output_dir, results, experiment))
+    run_tasks(train_and_evaluate, write_reports, experiment, model_args, training_args)
 
 
 if __name__ == "__main__":

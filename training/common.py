@@ -2,6 +2,7 @@
 run of an experiment, each pushed to its own Hub repository when asked to."""
 
 import dataclasses
+import functools
 import json
 import sys
 from argparse import ArgumentTypeError
@@ -12,7 +13,7 @@ import yaml
 from transformers import AutoConfig, HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from hf_attn.experiments import Run, is_main_process, wait_for_everyone
+from hf_attn.experiments import Run, is_main_process, wait_for_everyone, write_report
 from hf_attn.hub import hub_problems, push_run, run_repo_id
 
 
@@ -122,3 +123,23 @@ def run_config(experiment, model_args, training_args) -> dict:
 
 
 TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "seed")
+
+
+def run_tasks(train_and_evaluate, write_reports, experiment, model_args, training_args) -> None:
+    """Every (model, seed) run of each of `experiment.tasks` in OUTPUT_DIR/TASK, then that task's reports."""
+    output_dir = Path(training_args.output_dir)
+    for task in experiment.tasks:
+        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
+                                  training_args=training_args)  # fmt: skip
+        results = run_all(runs_for(output_dir / task, experiment.models, experiment.seeds), train, training_args)
+        if is_main_process():
+            print(write_reports(output_dir, results, experiment))
+
+
+def write_task_reports(output_dir: Path, results: list[dict], heading: Callable[[str], str], metrics) -> str:
+    """OUTPUT_DIR/TASK/{results.md, plots} from each task's runs, titled `heading(task)`; returns the reports."""
+    tasks = dict.fromkeys(result["task"] for result in results)
+    return "\n".join(
+        write_report(output_dir / task, heading(task), [r for r in results if r["task"] == task], metrics)
+        for task in tasks
+    )

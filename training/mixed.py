@@ -15,7 +15,6 @@ Offline, `baseline_model` must be a local GPT-2: training/pretrain_gpt2.py makes
 Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, *.png} per task.
 """
 
-import functools
 import math
 import os
 import time
@@ -47,12 +46,10 @@ from hf_attn.experiments import (
     collapse_check,
     finish_run,
     input_blind_mse,
-    is_main_process,
     plateau_trainer,
     run_arguments,
-    write_report,
 )
-from training.common import parse_config, run_all, run_config, runs_for
+from training.common import parse_config, run_config, run_tasks, runs_for, write_task_reports
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
 NAMES_TITLE = {"seen": "category names seen in training", "unseen": "unseen category names"}
@@ -332,23 +329,16 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """Per task, OUTPUT_DIR/TASK/{results.md, *.png}; returns the reports' text."""
-    reports = []
-    for task in dict.fromkeys(result["task"] for result in results):
-        heading = f"mixed {task}: errors by test price range [0, 5c], category names seen in training and unseen"
-        reports.append(write_report(output_dir / task, heading, [r for r in results if r["task"] == task], METRICS))
-    return "\n".join(reports)
+    names = "category names seen in training and unseen"
+    return write_task_reports(
+        output_dir, results, lambda task: f"mixed {task}: errors by test price range [0, 5c], {names}", METRICS
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    output_dir = Path(training_args.output_dir)
-    validate(experiment, model_args, output_dir)
-    for task in experiment.tasks:
-        train = functools.partial(train_and_evaluate, task=task, experiment=experiment, model_args=model_args,
-                                  training_args=training_args)  # fmt: skip
-        results = run_all(runs_for(output_dir / task, experiment.models, experiment.seeds), train, training_args)
-        if is_main_process():
-            print(write_reports(output_dir, results, experiment))
+    validate(experiment, model_args, Path(training_args.output_dir))
+    run_tasks(train_and_evaluate, write_reports, experiment, model_args, training_args)
 
 
 if __name__ == "__main__":
