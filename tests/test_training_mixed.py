@@ -7,6 +7,7 @@ import pytest
 from hub_checks import check_hub_folder
 from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, TrainingArguments
 
+import training.baseline_learning_rate as baseline_learning_rate
 import training.mixed as mixed
 import training.pretrain_gpt2 as pretrain_gpt2
 from hf_attn.data import mixed_dataset
@@ -145,3 +146,13 @@ def test_unknown_model_name_stops_at_parsing(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--models", "gpt3"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_baseline_learning_rate_choice_writes_a_row_per_rate(tmp_path, tiny_gpt2, capsys):
+    tiny = ["--baseline_model", str(tiny_gpt2), "--learning_rates", "1e-3", "1e-4", "--validation_samples", "4",
+            "--baseline_train_samples", "8", "--baseline_batch_size", "4", "--baseline_epochs", "1",
+            "--baseline_warmup_steps", "0", "--max_new_tokens", "4"]  # fmt: skip
+    baseline_learning_rate.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), *tiny])
+    rows = json.loads((tmp_path / "baseline_learning_rate.json").read_text())
+    assert [row["learning_rate"] for row in rows] == [1e-3, 1e-4] and all(0 <= r["unparsed"] <= 1 for r in rows)
+    assert "| learning rate | readable answers | MSE | MAPE |" in capsys.readouterr().out

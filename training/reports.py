@@ -117,9 +117,9 @@ def gpt2_pretraining_text() -> str:
         f"model for {training['num_train_epochs']:g} epochs on {run['train_tokens']:,} tokens of "
         f"{' and '.join(run['files'])} (GPT-2: 40 GB of WebText) in "
         f"{run['train_seconds'] / 60:.0f} minutes; on the {run['held_out_tokens']:,} held-out tokens its perplexity "
-        f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above, on "
-        "fewer samples (the config says how many). It has read some English, and is far from the GPT-2 Paper A "
-        "fine-tunes: its rows below are labelled as this substitute."
+        f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above on fewer "
+        "samples and at a larger learning rate (`configs/mixed/cpu.yaml` says how many, which and why). It has read "
+        "some English, and is far from the GPT-2 Paper A fine-tunes: its rows below are labelled as this substitute."
     )
 
 
