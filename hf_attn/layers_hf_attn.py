@@ -121,15 +121,21 @@ class InferenceWeights:
             self.entry = (self.key(p_attn, rows), rows.clone(), weights)
 
 
-def _index_or_slice(indices: list[int]) -> slice | torch.Tensor:
-    """A slice (a view, free) when the heads of a kind are contiguous, else an index tensor."""
+def _index_or_slice(indices: list[int]) -> slice | list[int]:
+    """A slice (a view, free) when the heads of a kind are contiguous, else the list of head indices.
+
+    Plain Python, not a tensor: `from_pretrained` builds the model on the meta device, where a tensor made in
+    `__init__` would stay without data (unlike a parameter or a buffer, nothing refills it).
+    """
     if indices == list(range(indices[0], indices[0] + len(indices))):
         return slice(indices[0], indices[0] + len(indices))
-    return torch.tensor(indices)
+    return indices
 
 
-def _take_heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
-    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads.to(x.device))
+def _take_heads(x: torch.Tensor, heads: slice | list[int], dim: int = 1) -> torch.Tensor:
+    if isinstance(heads, slice):
+        return x.narrow(dim, heads.start, heads.stop - heads.start)
+    return x.index_select(dim, torch.tensor(heads, device=x.device))
 
 
 class HfAttnAttention(nn.Module):
@@ -160,7 +166,9 @@ class HfAttnAttention(nn.Module):
             if kind != "positional"
         }
         kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind]
-        self.restore_order = None if kind_order == sorted(kind_order) else torch.tensor(kind_order).argsort()
+        # argsort of kind_order: where each head of the layout sits among the heads grouped by kind
+        restore_order = sorted(range(config.n_head), key=kind_order.__getitem__)
+        self.restore_order = None if kind_order == sorted(kind_order) else restore_order
 
         query_key_width = 2 * self.num_content_heads * self.qk_dim
         self.c_attn = Projection(query_key_width + config.n_embd, config.n_embd, in_attention=True,
@@ -233,7 +241,7 @@ class HfAttnAttention(nn.Module):
 
     def in_layout_order(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Heads come out grouped by kind; put them back in layout order along the head dimension `dim`."""
-        return x if self.restore_order is None else x.index_select(dim, self.restore_order.to(x.device))
+        return x if self.restore_order is None else _take_heads(x, self.restore_order, dim)
 
     def content_heads_forward(self, kind, q, k, v, inputs, cache_layer, dropout, output_attentions):
         if cache_layer is not None:

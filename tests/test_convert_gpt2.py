@@ -32,6 +32,7 @@ GPT2_FIELDS = dict(
 CONVERSIONS = {
     "hybrid": ("hybrid_gpt2", {"num_local_heads": 2, "local_window": 1}),
     "local": ("local_gpt2", {"local_window": 2}),
+    "interleaved": ("hybrid_gpt2", {"head_layout": [["global", "local"] * 2] * 2, "local_window": 1}),
 }
 
 

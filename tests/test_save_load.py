@@ -31,26 +31,39 @@ ENCODINGS = [
     {"position_embedding_type": "rope", "positional_encoding": "binary"},
     {"position_embedding_type": "learned", "positional_encoding": "learned", "block_style": "post_ln"},
 ]
+# Heads not grouped by kind, as in the README's example: kinds split apart (layer 0) and kinds contiguous but out
+# of kind order (layer 1), so both head selections and the restoring of head order must survive loading.
+UNGROUPED_LAYOUT = [["global", "local", "positional", "local"], ["local", "global", "global", "positional"]]
 
 
 def main_output(outputs) -> torch.Tensor:
     return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-@pytest.mark.parametrize("auto_name", AUTO_CLASSES)
-@pytest.mark.parametrize("encoding", ENCODINGS)
-def test_round_trip_through_every_auto_class(model_type, auto_name, encoding, tmp_path):
+def check_round_trip(auto_name: str, config, path) -> None:
+    """Saved and loaded through `auto_name`, the model is of the same class and config and gives the same outputs."""
     auto_class = AUTO_CLASSES[auto_name]
-    model = auto_class.from_config(tiny_config(model_type, num_labels=3, **encoding)).eval()
+    model = auto_class.from_config(config).eval()
     assert type(model) is hf_attn.MODEL_CLASSES[type(model.config)][auto_name]
-    model.save_pretrained(tmp_path)
-    loaded = auto_class.from_pretrained(tmp_path).eval()
+    model.save_pretrained(path)
+    loaded = auto_class.from_pretrained(path).eval()
     assert type(loaded) is type(model)
     assert loaded.config.to_diff_dict() | {"_name_or_path": ""} == model.config.to_diff_dict() | {"_name_or_path": ""}
     input_ids = torch.randint(3, 37, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(main_output(loaded(input_ids)), main_output(model(input_ids)), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("auto_name", AUTO_CLASSES)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_round_trip_through_every_auto_class(model_type, auto_name, encoding, tmp_path):
+    check_round_trip(auto_name, tiny_config(model_type, num_labels=3, **encoding), tmp_path)
+
+
+@pytest.mark.parametrize("auto_name", AUTO_CLASSES)
+def test_ungrouped_layout_round_trips_through_every_auto_class(auto_name, tmp_path):
+    check_round_trip(auto_name, tiny_config("hybrid_gpt2", num_labels=3, head_layout=UNGROUPED_LAYOUT), tmp_path)
 
 
 def test_autoconfig_builds_each_type():
@@ -71,8 +84,12 @@ REMOTE_SCRIPT = textwrap.dedent(
     config = AutoConfig.from_pretrained(path, trust_remote_code=True)
     assert config.model_type == "hybrid_gpt2", config.model_type
     for auto in (AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification):
-        loaded = auto.from_pretrained(path, trust_remote_code=True)
+        loaded = auto.from_pretrained(path, trust_remote_code=True).eval()
         assert type(loaded).__module__.startswith("transformers_modules"), type(loaded).__module__
+        trunk = getattr(loaded, "transformer", loaded)  # the task heads are new; the trunk is the saved one
+        with torch.no_grad():
+            hidden = trunk(expected["input_ids"]).last_hidden_state
+        torch.testing.assert_close(hidden, expected["hidden"], atol=0, rtol=0)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
     assert "hf_attn" not in sys.modules or sys.modules["hf_attn"] is None
     with torch.no_grad():
@@ -86,7 +103,8 @@ REMOTE_SCRIPT = textwrap.dedent(
 
 
 def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
-    model = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", eos_token_id=None)).eval()
+    config = tiny_config("hybrid_gpt2", eos_token_id=None, head_layout=UNGROUPED_LAYOUT)
+    model = AutoModelForCausalLM.from_config(config).eval()
     hf_attn.enable_remote_code(model)
     model.save_pretrained(tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
@@ -101,7 +119,8 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     assert exported <= set(os.listdir(tmp_path / "model"))
     input_ids = torch.randint(3, 37, (2, 6))
     with torch.no_grad():
-        expected = {"input_ids": input_ids, "logits": model(input_ids).logits}
+        outputs = model(input_ids, output_hidden_states=True)
+    expected = {"input_ids": input_ids, "logits": outputs.logits, "hidden": outputs.hidden_states[-1]}
     expected["tokens"] = model.generate(input_ids, max_new_tokens=5, do_sample=False)
     torch.save(expected, tmp_path / "expected.pt")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
