@@ -310,6 +310,21 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
         )
 
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
+        """A bidirectional model (`is_causal=False`) runs the whole sequence at every step: each new token changes
+        the outputs at earlier positions, so there is no cache to decode from (`forward` makes none)."""
+        if not self.config.is_causal:
+            if inputs_embeds is not None:
+                raise ValueError(
+                    "`generate` with `inputs_embeds` needs `is_causal=True`: a bidirectional model reruns the whole "
+                    "sequence at every step, and only the prompt's embeddings, not token ids, are known. Pass "
+                    "`input_ids` instead."
+                )
+            next_sequence_length = None  # the whole sequence, not the newest token
+        return super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length, inputs_embeds=inputs_embeds, **kwargs
+        )
+
 
 def last_token_index(input_ids, attention_mask, pad_token_id: int | None, length: int, device) -> torch.Tensor:
     """(B,) index of each sequence's last real token, under left or right padding."""

@@ -109,6 +109,25 @@ def test_bidirectional_model_does_not_cache():
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_bidirectional_generation_recomputes_the_whole_sequence(model_type):
+    """Each new token changes every earlier output of a bidirectional model: no step may reuse past work."""
+    model = generation_model(model_type, is_causal=False)
+    _, input_ids, attention_mask = left_padded_prompts()
+    expected = greedy_by_recomputing(model, input_ids, attention_mask, steps=10)
+    generated = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD
+    )
+    assert torch.equal(generated, expected)
+
+
+def test_bidirectional_generation_from_embeddings_is_refused():
+    model = generation_model("hybrid_gpt2", is_causal=False)
+    embeds = model.get_input_embeddings()(torch.randint(3, 37, (1, 4)))
+    with pytest.raises(ValueError, match="inputs_embeds.*is_causal"):
+        model.generate(inputs_embeds=embeds, max_new_tokens=3, do_sample=False, pad_token_id=PAD)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_beam_search_reorders_the_cache(model_type):
     model = generation_model(model_type)
     _, input_ids, attention_mask = left_padded_prompts()
