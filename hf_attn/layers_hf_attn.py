@@ -91,34 +91,39 @@ class InferenceWeights:
 
     They depend only on P's rows and `p_attn`, so an evaluation loop over batches of one length computes them
     once. Used for whole sequences (not decoding steps) when no gradient is recorded, nothing is padded (padding
-    makes them per sample) and not under torch.compile. Recomputed when the rows differ or a parameter of `p_attn`
-    changed: its version counter moves on every in-place update (optimizer steps, `load_state_dict`).
+    makes them per sample) and not under torch.compile. Recomputed when the rows or a parameter of `p_attn` differ
+    from those they came from. Compared by value, not by version counter: an edit through `.data` changes a
+    parameter without moving its counter. The comparison reads P's rows and `p_attn` once, far less than the
+    (H, T, S) weights it saves.
     """
 
     MAX_ELEMENTS = 2**24  # 64 MiB of fp32 per layer; larger weights are recomputed rather than held
 
     def __init__(self):
-        self.entry: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, rows, weights)
+        self.entry: tuple[list[torch.Tensor], torch.Tensor] | None = None  # (copies of the sources, weights)
 
     @staticmethod
     def applies(inputs: AttentionInputs) -> bool:
         return not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and inputs.key_mask is None
 
     @staticmethod
-    def key(p_attn: nn.Module, rows: torch.Tensor) -> tuple:
-        return (rows.shape, rows.device, *((p.data_ptr(), p._version) for p in p_attn.parameters()))
+    def sources(p_attn: nn.Module, inputs: AttentionInputs) -> list[torch.Tensor]:
+        return [inputs.positional_rows, *p_attn.parameters()]
 
     def get(self, p_attn: nn.Module, inputs: AttentionInputs) -> torch.Tensor | None:
         if self.entry is None or not self.applies(inputs):
             return None
-        key, rows, weights = self.entry
-        fresh = key == self.key(p_attn, inputs.positional_rows) and torch.equal(rows, inputs.positional_rows)
+        kept, weights = self.entry
+        fresh = all(map(_same_tensor, kept, self.sources(p_attn, inputs)))
         return weights if fresh else None
 
     def keep(self, p_attn: nn.Module, inputs: AttentionInputs, weights: torch.Tensor) -> None:
         if self.applies(inputs) and weights.numel() <= self.MAX_ELEMENTS:
-            rows = inputs.positional_rows
-            self.entry = (self.key(p_attn, rows), rows.clone(), weights)
+            self.entry = ([t.detach().clone() for t in self.sources(p_attn, inputs)], weights)
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
 
 
 def _index_or_slice(indices: list[int]) -> slice | list[int]:

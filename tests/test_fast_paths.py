@@ -141,12 +141,20 @@ def test_positional_weights_computed_once_for_repeated_inference(weight_computat
             torch.testing.assert_close(got, fresh(batch).logits)
 
 
-def test_positional_weights_recomputed_when_parameters_change(weight_computations):
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda weight: weight.add_(0.5),  # in place, as optimizers and load_state_dict do
+        lambda weight: weight.data.add_(0.5),  # through `.data`: the version counter does not move
+    ],
+    ids=["in_place", "through_data"],
+)
+def test_positional_weights_recomputed_when_parameters_change(weight_computations, edit):
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")).eval()
     input_ids = torch.randint(3, 37, (2, 10))
     with torch.no_grad():
         before = model(input_ids).logits
-        model.transformer.h[0].attn.p_attn.weight.add_(0.5)  # in place, as optimizers and load_state_dict do
+        edit(model.transformer.h[0].attn.p_attn.weight)
         after = model(input_ids).logits
     assert weight_computations == [0, 1, 0]  # only layer 0 changed
     assert not torch.allclose(before, after)
