@@ -119,25 +119,90 @@ class HfAttnModel(HfAttnPreTrainedModel):
     def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
         self.wte = new_embeddings
 
-    def embed_inputs(self, input_ids, numeric_values, numeric_mask) -> torch.Tensor:
+    def check_shapes(self, input_ids, inputs_embeds, numeric_values, attention_mask) -> tuple[int, int]:
+        """(batch, length) of the inputs; missing, conflicting and empty inputs are refused before any work."""
+        if input_ids is not None and inputs_embeds is not None:
+            raise ValueError("Pass either `input_ids` or `inputs_embeds`, not both.")
+        if inputs_embeds is not None and numeric_values is not None:
+            raise ValueError("`numeric_values` go with `input_ids` or alone, not with `inputs_embeds` (never read).")
+        candidates = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "numeric_values": numeric_values}
+        name = next((name for name, tensor in candidates.items() if tensor is not None), None)
+        if name is None:
+            raise ValueError("Pass `input_ids`, `inputs_embeds` or `numeric_values`.")
+        given = candidates[name]
+        dims = ("batch", "length", "n_embd") if name == "inputs_embeds" else ("batch", "length")
+        if given.dim() != len(dims) or 0 in given.shape[:2]:
+            raise ValueError(
+                f"`{name}` must be ({', '.join(dims)}) with at least one sequence of at least one token, "
+                f"got shape {tuple(given.shape)}."
+            )
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(
+                f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}."
+            )
+        return given.shape[0], given.shape[1]
+
+    def numeric_positions(self, input_ids, numeric_values, numeric_mask, attention_mask) -> torch.Tensor | None:
+        """(B, T) bool: where the embedding is `wne(value)`. Never padding: values there are not used."""
+        if numeric_values is None:
+            return None
+        if not self.config.numeric_inputs:
+            raise ValueError("`numeric_values` were passed but the config has `numeric_inputs=False`.")
+        if input_ids is None:
+            positions = torch.ones(numeric_values.shape, dtype=torch.bool, device=numeric_values.device)
+        elif numeric_mask is not None:
+            positions = numeric_mask.bool()
+        elif self.config.numeric_token_id is None:
+            raise ValueError("With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`.")
+        else:
+            positions = input_ids == self.config.numeric_token_id
+        if attention_mask is not None:
+            positions = positions & attention_mask[:, -positions.shape[-1] :].bool()
+        return positions
+
+    def check_values(self, input_ids, attention_mask, numeric_values, numeric_positions) -> None:
+        """Refuses token ids outside the vocabulary, masks other than 0/1 and non-finite numbers where used.
+
+        Unchecked, `wte` fails with a bare IndexError, a 2 in the mask silently counts as 1, and one NaN spreads to
+        every position (0 * NaN in attention) and into the gradients. The checks run on the device and come back
+        together: one host sync per forward.
+        """
+        vocab_size = self.config.vocab_size
+        checks = {}  # field -> (its values, True where a value is refused, what is allowed)
+        if input_ids is not None:
+            out_of_range = (input_ids < 0) | (input_ids >= vocab_size)
+            checks["input_ids"] = (input_ids, out_of_range, f"token ids in [0, {vocab_size}) (`vocab_size`)")
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            not_binary = (attention_mask != 0) & (attention_mask != 1)
+            checks["attention_mask"] = (attention_mask, not_binary, "only 0 (padding) and 1 (token)")
+        if numeric_values is not None:
+            not_finite = numeric_positions & ~torch.isfinite(numeric_values)
+            checks["numeric_values"] = (
+                numeric_values,
+                not_finite,
+                "finite numbers where they are used (values at padding and outside `numeric_mask` / "
+                "`numeric_token_id` are ignored)",
+            )
+        if not checks:
+            return
+        found = torch.stack([refused.any() for _, refused, _ in checks.values()]).tolist()  # the one host sync
+        for (field, (values, refused, allowed)), is_found in zip(checks.items(), found, strict=True):
+            if is_found:
+                row, position = refused.nonzero()[0].tolist()
+                raise ValueError(
+                    f"`{field}` must hold {allowed}; got {values[row, position].item()} at row {row}, "
+                    f"position {position}."
+                )
+
+    def embed_inputs(self, input_ids, numeric_values, numeric_positions) -> torch.Tensor:
         """Token embeddings, with `wne(value)` at the numeric positions (all positions if there are no ids)."""
         embeds = None if input_ids is None else self.wte(input_ids)
         if numeric_values is None:
-            if embeds is None:
-                raise ValueError("Pass `input_ids`, `inputs_embeds` or `numeric_values`.")
             return embeds
-        if not self.config.numeric_inputs:
-            raise ValueError("`numeric_values` were passed but the config has `numeric_inputs=False`.")
-        numbers = self.wne(numeric_values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
-        if embeds is None:
-            return numbers
-        if numeric_mask is None:
-            if self.config.numeric_token_id is None:
-                raise ValueError(
-                    "With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`."
-                )
-            numeric_mask = input_ids == self.config.numeric_token_id
-        return torch.where(numeric_mask[..., None].bool(), numbers, embeds)
+        # Values elsewhere are replaced, not only their embeddings: 0 * NaN would still reach wne's gradient.
+        values = torch.where(numeric_positions, numeric_values, 0.0)
+        numbers = self.wne(values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
+        return numbers if embeds is None else torch.where(numeric_positions[..., None], numbers, embeds)
 
     def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> torch.Tensor:
         """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding.
@@ -200,15 +265,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        if input_ids is not None and inputs_embeds is not None:
-            raise ValueError("Pass either `input_ids` or `inputs_embeds`, not both.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_mask)
-        batch, length = inputs_embeds.shape[:2]
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(
-                f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}."
-            )
+        length = self.check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)[1]
 
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and not self.config.is_causal:
@@ -223,6 +280,10 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
                 f"got {attention_mask.shape[-1]} columns."
             )
+        numeric_positions = self.numeric_positions(input_ids, numeric_values, numeric_mask, attention_mask)
+        self.check_values(input_ids, attention_mask, numeric_values, numeric_positions)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_positions)
 
         key_position_ids = self.position_ids_from(attention_mask, past_length, length, inputs_embeds.device)
         if position_ids is None:

@@ -81,6 +81,72 @@ def test_numeric_values_need_numeric_inputs():
         model(torch.tensor([[3, 4]]), numeric_values=torch.tensor([[1.0, 2.0]]))
 
 
+def numeric_model(model_type: str):
+    config = tiny_config(model_type, numeric_inputs=True, num_labels=1, problem_type="regression")
+    return AutoModelForTokenClassification.from_config(config)
+
+
+def outputs_and_gradients(model, real: torch.Tensor, **inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits at the `real` positions and every parameter's gradient of a loss that reads only them."""
+    model.zero_grad()
+    logits = model(**inputs).logits[real]
+    (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+NON_FINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("with_ids", [True, False], ids=["outside_numeric_mask", "at_padding"])
+def test_numbers_where_unused_reach_neither_outputs_nor_gradients(model_type, with_ids):
+    """NaN and inf where no number is read (outside `numeric_mask`, or padding) give exactly what 0.0 there gives,
+    and an optimizer step on them leaves the model finite."""
+    model = numeric_model(model_type)
+    values = torch.randn(2, 8)
+    attention_mask = torch.ones(2, 8, dtype=torch.long)
+    attention_mask[1, -3:] = 0  # right padding
+    inputs = {"attention_mask": attention_mask}
+    if with_ids:
+        inputs |= {"input_ids": torch.randint(3, 37, (2, 8)), "numeric_mask": torch.rand(2, 8) < 0.5}
+        unused = ~inputs["numeric_mask"] | (attention_mask == 0)
+    else:
+        unused = attention_mask == 0
+    real = attention_mask.bool()
+    clean = values.masked_fill(unused, 0.0)
+    filler = torch.tensor(NON_FINITE)[torch.arange(values.numel()) % len(NON_FINITE)].view_as(values)
+    poisoned = torch.where(unused, filler, clean)
+    expected = outputs_and_gradients(model, real, numeric_values=clean, **inputs)
+    got = outputs_and_gradients(model, real, numeric_values=poisoned, **inputs)
+    torch.testing.assert_close(got, expected)
+
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("bad_value", NON_FINITE)
+def test_non_finite_numbers_where_used_are_refused_before_any_computation(bad_value):
+    model = numeric_model("positional_gpt2")
+    calls = []
+    model.transformer.wne.register_forward_hook(lambda *args: calls.append(args))
+    input_ids = torch.randint(3, 37, (2, 6))
+    numeric_mask = torch.zeros(2, 6, dtype=torch.bool)
+    numeric_mask[1, 2:4] = True
+    values = torch.randn(2, 6)
+    values[1, 3] = bad_value
+    with pytest.raises(ValueError, match=r"`numeric_values` must hold finite numbers.*row 1, position 3"):
+        model(input_ids, numeric_values=values, numeric_mask=numeric_mask)
+    with pytest.raises(ValueError, match="`numeric_values`"):
+        model(numeric_values=values)  # no ids: every position is a number
+    assert not calls
+
+
+def test_numeric_values_are_refused_with_inputs_embeds():
+    model = numeric_model("local_gpt2")
+    with pytest.raises(ValueError, match="numeric_values.*inputs_embeds"):
+        model(inputs_embeds=torch.randn(1, 3, 32), numeric_values=torch.randn(1, 3))
+
+
 class CumulativeSum(torch.utils.data.Dataset):
     """Paper A's cumulative sum as per-position regression over numbers only."""
 

@@ -1,4 +1,6 @@
-"""Whole models: GPT-2 equivalence, receptive fields, positional weights, output_attentions, dtypes."""
+"""Whole models: GPT-2 equivalence, receptive fields, positional weights, output_attentions, dtypes, bad inputs."""
+
+import re
 
 import pytest
 import torch
@@ -169,6 +171,64 @@ def test_sequence_longer_than_positions_is_refused():
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", n_positions=8))
     with pytest.raises(ValueError, match="n_positions"):
         model(torch.randint(0, 37, (1, 9)))
+
+
+def refused_before_any_computation(model, match: str, **inputs) -> None:
+    """`model(**inputs)` raises a ValueError matching `match` before the embeddings are even looked up."""
+    looked_up = []
+    hook = model.transformer.wte.register_forward_hook(lambda *args: looked_up.append(args))
+    with pytest.raises(ValueError, match=match):
+        model(**inputs)
+    hook.remove()
+    assert not looked_up
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("bad", [2, -1, 0.5])
+def test_attention_mask_other_than_0_and_1_is_refused(model_type, bad):
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    attention_mask = torch.ones(2, 6)
+    attention_mask[1, 2] = bad
+    message = f"`attention_mask` must hold only 0 (padding) and 1 (token); got {float(bad)} at row 1, position 2"
+    match = re.escape(message)
+    refused_before_any_computation(model, match, input_ids=torch.randint(3, 37, (2, 6)), attention_mask=attention_mask)
+
+
+def test_attention_mask_may_be_bool_int_or_float():
+    model = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2")).eval()
+    input_ids = torch.randint(3, 37, (2, 6))
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask=attention_mask).logits
+        for dtype in (torch.bool, torch.float32):
+            torch.testing.assert_close(model(input_ids, attention_mask=attention_mask.to(dtype)).logits, expected)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("bad_id", [-1, 37])
+def test_token_ids_outside_the_vocabulary_are_refused(model_type, bad_id):
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    input_ids = torch.randint(3, 37, (2, 6))
+    input_ids[0, 4] = bad_id
+    match = re.escape(f"`input_ids` must hold token ids in [0, 37) (`vocab_size`); got {bad_id} at row 0, position 4")
+    refused_before_any_computation(model, match, input_ids=input_ids)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        {"input_ids": torch.zeros(0, 5, dtype=torch.long)},  # empty batch
+        {"input_ids": torch.zeros(2, 0, dtype=torch.long)},  # zero-length sequences
+        {"input_ids": torch.zeros(5, dtype=torch.long)},  # no batch dimension
+        {"inputs_embeds": torch.zeros(0, 5, 32)},
+        {"inputs_embeds": torch.zeros(2, 0, 32)},
+    ],
+    ids=["empty_batch", "zero_length", "one_dim", "empty_batch_embeds", "zero_length_embeds"],
+)
+def test_empty_or_misshapen_inputs_are_refused(inputs):
+    model = AutoModelForCausalLM.from_config(tiny_config("local_gpt2"))
+    name = next(iter(inputs))
+    refused_before_any_computation(model, f"`{name}` must be .* at least one sequence of at least one token", **inputs)
 
 
 def test_positions_are_one_row_for_the_batch_unless_left_padded():
