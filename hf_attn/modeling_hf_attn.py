@@ -119,8 +119,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
     def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
         self.wte = new_embeddings
 
-    def check_shapes(self, input_ids, inputs_embeds, numeric_values, attention_mask) -> tuple[int, int]:
-        """(batch, length) of the inputs; missing, conflicting and empty inputs are refused before any work."""
+    def check_shapes(self, input_ids, inputs_embeds, numeric_values, attention_mask) -> int:
+        """The new tokens' length; missing, conflicting and empty inputs are refused before any work."""
         if input_ids is not None and inputs_embeds is not None:
             raise ValueError("Pass either `input_ids` or `inputs_embeds`, not both.")
         if inputs_embeds is not None and numeric_values is not None:
@@ -140,7 +140,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             raise ValueError(
                 f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}."
             )
-        return given.shape[0], given.shape[1]
+        return given.shape[1]
 
     def numeric_positions(self, input_ids, numeric_values, numeric_mask, attention_mask) -> torch.Tensor | None:
         """(B, T) bool: where the embedding is `wne(value)`. Never padding: values there are not used."""
@@ -265,7 +265,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        length = self.check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)[1]
+        length = self.check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)
 
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and not self.config.is_causal:
