@@ -273,8 +273,9 @@ def run_repo_id(base: str, run_path: Path) -> str:
     return repo_id
 
 
-def push_run(folder: Path, results: dict, config, repo_id: str, token: str | None = None,
-             private: bool | None = None) -> str:
+def push_run(
+    folder: Path, results: dict, config, repo_id: str, token: str | None = None, private: bool | None = None
+) -> str:
     """Renders the card for `repo_id`, creates the repository if needed and uploads `folder`; returns its URL."""
     api = HfApi(token=token)
     write_model_card(folder, results, config, repo_id)

@@ -165,8 +165,10 @@ class HfAttnModel(HfAttnPreTrainedModel):
 
         Unchecked, `wte` fails with a bare IndexError, a 2 in the mask silently counts as 1, and one NaN spreads to
         every position (0 * NaN in attention) and into the gradients. The checks run on the device and come back
-        together: one host sync for all of them.
+        together: one host sync for all of them. Skipped under torch.compile, where that sync would break the graph.
         """
+        if torch.compiler.is_compiling():
+            return
         vocab_size = self.config.vocab_size
         checks = {}  # field -> (its values, True where a value is refused, what is allowed)
         if input_ids is not None:

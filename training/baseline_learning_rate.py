@@ -20,6 +20,7 @@ import numpy as np
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed
 
 from hf_attn.data import mixed_dataset
+from hf_attn.experiments import format_value
 from training import mixed
 from training.common import parse_config
 
@@ -33,6 +34,15 @@ class ChoiceArguments:
         default="min", metadata={"help": "Task to fine-tune and validate on.", "choices": mixed.MIXED_TASKS}
     )
     validation_samples: int = field(default=200, metadata={"help": "Validation prompts (c = 1, seen names)."})
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per rate, the share of readable answers and their errors."""
+    lines = ["| learning rate | readable answers | MSE | MAPE |", "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['learning_rate']:g} | {1 - row['unparsed']:.0%} | {format_value(row['mse'])} "
+                     f"| {format_value(row['mape'])} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,9 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"learning_rate": learning_rate, **mixed.errors(predictions, answers)})
     Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(training_args.output_dir) / "baseline_learning_rate.json").write_text(json.dumps(rows, indent=2))
-    print("| learning rate | readable answers | MSE | MAPE |\n|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['learning_rate']:g} | {1 - row['unparsed']:.0%} | {row['mse']:.3f} | {row['mape']:.3f} |")
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from hf_attn.experiments import aggregate, format_value, is_collapsed
-from training import algorithmic, induction, mixed
+from hf_attn.experiments import aggregate, collapse_summary, format_value, is_collapsed
+from training import algorithmic, baseline_learning_rate, induction, mixed
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
@@ -41,12 +41,6 @@ def median(summary: dict, model: str, row: str) -> float:
     return summary.get(model, {}).get(row, {"median": float("nan")})["median"]
 
 
-def collapsed_runs(results: list[dict]) -> str:
-    runs = [f"{r['model']} seed {r['seed']}" + (f" ({r['task']})" if "task" in r else "") for r in results
-            if is_collapsed(r)]  # fmt: skip
-    return "Collapsed runs (left out): " + ("; ".join(runs) if runs else "none") + "."
-
-
 def quickstart_table() -> str:
     results = load_results(DOCS / "quickstart")
     summary = aggregate(results, "mse")
@@ -54,7 +48,7 @@ def quickstart_table() -> str:
     for c in sorted(summary["positional"], key=int):
         cells = [format_value(summary[m][c][stat]) for m in ("positional", "standard") for stat in ("mean", "median")]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+    return "\n".join(lines) + "\n\n" + collapse_summary(results)
 
 
 def algorithmic_table() -> str:
@@ -93,7 +87,7 @@ def mixed_table(task: str) -> str:
             parsed = 1 - median(unparsed[names], "gpt2", c)
             cells.append(f"{format_value(median(mse[names], 'gpt2', c))} ({parsed:.0%})")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+    return "\n".join(lines) + "\n\n" + collapse_summary(results)
 
 
 def induction_table() -> str:
@@ -104,7 +98,7 @@ def induction_table() -> str:
     for depth in sorted(accuracy["id"]["positional"], key=int):
         cells = [format_value(median(accuracy[s], m, depth)) for s in ("id", "ood") for m in ("positional", "standard")]
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + collapsed_runs(results)
+    return "\n".join(lines) + "\n\n" + collapse_summary(results)
 
 
 def gpt2_pretraining_text() -> str:
@@ -120,6 +114,13 @@ def gpt2_pretraining_text() -> str:
         f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above on fewer "
         "samples and at a larger learning rate (`configs/mixed/cpu.yaml` says how many, which and why). It has read "
         "some English, and is far from the GPT-2 Paper A fine-tunes: its rows below are labelled as this substitute."
+    )
+
+
+def gpt2_learning_rate_table() -> str:
+    """The offline GPT-2's fine-tuning rates tried on validation prompts (training/baseline_learning_rate.py)."""
+    return baseline_learning_rate.table(
+        json.loads((DOCS / "gpt2_pretraining" / "baseline_learning_rate.json").read_text())
     )
 
 
@@ -147,6 +148,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "induction": induction_table,
     "paper-a-run-times": run_times_table,
     "gpt2-pretraining": gpt2_pretraining_text,
+    "gpt2-learning-rate": gpt2_learning_rate_table,
 }
 
 

@@ -132,8 +132,13 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
     train_ids = tokenize_text(splits.train_text, tokenizer)[: experiment.max_train_tokens]
     eval_ids = tokenize_text(splits.eval_text, tokenizer)[: experiment.max_eval_tokens]
     train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
-    return {"train": train, "eval_ids": eval_ids, "vocab_size": vocab_size, "tokenizer": tokenizer,
-            "description": splits.description}
+    return {
+        "train": train,
+        "eval_ids": eval_ids,
+        "vocab_size": vocab_size,
+        "tokenizer": tokenizer,
+        "description": splits.description,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
