@@ -21,7 +21,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 
 from hf_attn.data import mixed_dataset
 from training import mixed
-from training.common import parse_config
+from training.common import cli, parse_config
 
 VALIDATION_SEED = 3_000_000
 
@@ -66,4 +66,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)
