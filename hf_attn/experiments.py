@@ -93,8 +93,10 @@ class Run:
 
     def checkpoints(self) -> list[Path]:
         """Trainer's `checkpoint-STEP` folders, newest first."""
-        folders = self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if self.folder.is_dir() else []
-        steps = {int(path.name.rsplit("-", 1)[1]): path for path in folders if path.name.rsplit("-", 1)[1].isdigit()}
+        steps = {}
+        for path in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if self.folder.is_dir() else []:
+            if (step := path.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")).isdigit():
+                steps[int(step)] = path
         return [steps[step] for step in sorted(steps, reverse=True)]
 
     def recorded_settings(self) -> dict | None:

@@ -97,8 +97,8 @@ def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple
                 f"config file {config_path}: unknown key(s) {', '.join(unknown)}; --help lists every field"
             )
         yaml_argv = yaml_to_argv(config)
-        try:
-            parser.parse_args_into_dataclasses(args=push_to_hub_as_repo_id(yaml_argv), look_for_args_file=False)
+        try:  # argparse's checks only (choices, types): flags may still override what the file sets
+            parser.parse_known_args(push_to_hub_as_repo_id(yaml_argv))
         except ValueError as error:
             raise ValueError(f"config file {config_path}: {error}") from None
     *parsed, unknown = parser.parse_args_into_dataclasses(
@@ -207,12 +207,14 @@ def lock_output_dir(output_dir: Path) -> None:
             atexit.register(release_lock, lock, me)
             return
         except FileExistsError:
-            holder = json.loads(lock.read_text())
+            holder = lock_holder(lock)
         finally:
             mine.unlink()
-        if {key: holder.get(key) for key in me} == me:
+        if holder is None:
+            continue  # released meanwhile
+        if held_by(holder, me):
             return  # this process holds it already (main called again)
-        if holder["host"] == me["host"] and not process_runs(holder["pid"]):
+        if holder.get("host") == me["host"] and not process_runs(holder["pid"]):
             say(f"{lock}: taking over the lock of process {holder['pid']}, which no longer runs")
             lock.unlink(missing_ok=True)
             continue
@@ -220,6 +222,16 @@ def lock_output_dir(output_dir: Path) -> None:
             f"{output_dir} is in use by process {holder['pid']} on {holder['host']} since {holder.get('since')} "
             f"({' '.join(holder.get('command', []))}). Wait for it to finish; if it is gone, delete {lock}."
         )
+
+
+def lock_holder(lock: Path) -> dict | None:
+    """Who holds `lock` (pid, host, since, command); None once it is released."""
+    try:
+        return json.loads(lock.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise ValueError(f"{lock} is not a lock this script wrote: delete it if no run uses its folder") from None
 
 
 def process_runs(pid: int) -> bool:
@@ -233,8 +245,12 @@ def process_runs(pid: int) -> bool:
 
 
 def release_lock(lock: Path, me: dict) -> None:
-    if lock.is_file() and {key: json.loads(lock.read_text()).get(key) for key in me} == me:
+    if (holder := lock_holder(lock)) is not None and held_by(holder, me):
         lock.unlink()
+
+
+def held_by(holder: dict, me: dict) -> bool:
+    return all(holder.get(key) == value for key, value in me.items())
 
 
 def changed_settings(run: Run, arguments) -> list[tuple[str, object, object]]:
