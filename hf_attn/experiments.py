@@ -13,17 +13,22 @@ import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate import PartialState
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .hub import write_model_card
 from .modeling_hf_attn import HfAttnPreTrainedModel, enable_remote_code
@@ -31,58 +36,7 @@ from .modeling_hf_attn import HfAttnPreTrainedModel, enable_remote_code
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
-
-
-# --- runs ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Run:
-    """One model trained with one seed, in `folder`: `results.json` when finished, `checkpoint-*` while training."""
-
-    folder: Path
-    model: str
-    seed: int
-
-    @property
-    def results_file(self) -> Path:
-        return self.folder / RESULTS_FILE
-
-    @property
-    def finished(self) -> bool:
-        return self.results_file.exists()
-
-    def checkpoint_to_resume(self, resume: bool) -> str | None:
-        """The last checkpoint when resuming; refuses to silently restart over an interrupted run's checkpoints."""
-        last = get_last_checkpoint(str(self.folder)) if self.folder.is_dir() else None
-        if last is not None and not resume:
-            raise ValueError(
-                f"{self.folder} holds checkpoints of an interrupted run ({Path(last).name}). Pass `--resume true` "
-                "to continue it, or delete the folder to start over."
-            )
-        return last
-
-    def train(self, trainer, resume: bool):
-        """Trains, from the last checkpoint when resuming; returns Trainer's output and the seconds it took."""
-        start = time.perf_counter()
-        output = trainer.train(resume_from_checkpoint=self.checkpoint_to_resume(resume))
-        return output, time.perf_counter() - start
-
-    @property
-    def model_folder(self) -> Path:
-        return self.folder / "model"
-
-    def write_results(self, results: dict) -> None:
-        """Written atomically, so a crash never leaves a half-written file that counts as finished, and only once:
-        a second writer (another process of a multi-process run) fails instead of silently overwriting."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.results_file.with_suffix(".json.partial")
-        partial.write_text(json.dumps(results, indent=2, default=_json_default))
-        os.link(partial, self.results_file)  # raises FileExistsError if the results exist
-        partial.unlink()
-
-    def read_results(self) -> dict:
-        return json.loads(self.results_file.read_text())
+SETTINGS_FILE = "settings.json"
 
 
 def _json_default(value):
@@ -103,6 +57,191 @@ def is_main_process() -> bool:
 
 def wait_for_everyone() -> None:
     PartialState().wait_for_everyone()
+
+
+# --- runs ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One model trained with one seed, in `folder`: `results.json` when finished, `checkpoint-*` while training.
+
+    `settings` is the configuration it trains with (results.json's `config`); it is kept in `settings.json` from
+    the first step, so that a resume can be compared with what the checkpoints were trained with.
+    """
+
+    folder: Path
+    model: str
+    seed: int
+    settings: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def results_file(self) -> Path:
+        return self.folder / RESULTS_FILE
+
+    @property
+    def settings_file(self) -> Path:
+        return self.folder / SETTINGS_FILE
+
+    @property
+    def finished(self) -> bool:
+        return self.results_file.exists()
+
+    @property
+    def model_folder(self) -> Path:
+        return self.folder / "model"
+
+    def checkpoints(self) -> list[Path]:
+        """Trainer's `checkpoint-STEP` folders, newest first."""
+        steps = {}
+        for path in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if self.folder.is_dir() else []:
+            if (step := path.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")).isdigit():
+                steps[int(step)] = path
+        return [steps[step] for step in sorted(steps, reverse=True)]
+
+    def recorded_settings(self) -> dict | None:
+        """The settings the run was trained with: its results' once finished, `settings.json` while interrupted
+        (None before a first checkpoint, or for a run from before settings were kept)."""
+        if self.finished:
+            return self.read_results().get("config")
+        if self.checkpoints() and self.settings_file.is_file():
+            return json.loads(self.settings_file.read_text())
+        return None
+
+    def resume_problem(self, resume: bool) -> str | None:
+        """Why an unfinished run cannot go ahead: it holds an interrupted run's checkpoints and `resume` is off (it
+        never silently restarts over them)."""
+        checkpoints = self.checkpoints()
+        if checkpoints and not resume and not self.finished:
+            return (
+                f"{self.folder} holds checkpoints of an interrupted run ({checkpoints[0].name}): pass `--resume true` "
+                "to continue it, or delete the folder to start over"
+            )
+        return None
+
+    def checkpoint_to_resume(self, resume: bool) -> Path | None:
+        """The newest complete checkpoint when resuming (see `resume_problem`). Newer incomplete ones (a kill while
+        saving) are removed, saying why: Trainer would otherwise count them as the newest and rotate the good ones
+        away."""
+        if problem := self.resume_problem(resume):
+            raise ValueError(problem)
+        checkpoints = self.checkpoints()
+        for checkpoint in checkpoints:
+            problem = checkpoint_problem(checkpoint)
+            if problem is None:
+                return checkpoint
+            logger.warning(f"{checkpoint}: incomplete ({problem}), removed; resuming from an older checkpoint.")
+            if is_main_process():
+                shutil.rmtree(checkpoint)
+        if checkpoints:
+            logger.warning(f"{self.folder}: no complete checkpoint left, training from the start.")
+        return None
+
+    def train(self, trainer: Trainer, resume: bool) -> dict[str, float | None]:
+        """Trains, from the newest complete checkpoint when resuming; returns the whole run's `train_loss` (mean
+        per-step loss) and `train_seconds`, summed over every session that led to the final model.
+
+        A finished run is not trained again (its results are only re-evaluated): its kept model is loaded and its
+        recorded training returned.
+        """
+        if self.finished:
+            load_model(trainer.model, self.model_folder / "model.safetensors")
+            recorded = self.read_results()
+            return {name: recorded[name] for name in ("train_loss", "train_seconds")}
+        checkpoint = self.checkpoint_to_resume(resume)
+        if checkpoint is None and is_main_process():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.settings_file.write_text(json.dumps(self.settings, indent=2, default=_json_default))
+        totals = RunTotals(trainer)
+        trainer.add_callback(totals)
+        output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        return totals.whole_run(output, trainer.state.global_step)
+
+    def write_results(self, results: dict, replace: bool = False) -> None:
+        """Written atomically, so a crash never leaves a half-written file that counts as finished, and only once:
+        a second writer (another process of a multi-process run) fails instead of silently overwriting, unless
+        `replace` (a re-evaluation of a finished run)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.results_file.with_suffix(".json.partial")
+        partial.write_text(json.dumps(results, indent=2, default=_json_default))
+        if replace:
+            os.replace(partial, self.results_file)
+            return
+        os.link(partial, self.results_file)  # raises FileExistsError if the results exist
+        partial.unlink()
+
+    def read_results(self) -> dict:
+        return json.loads(self.results_file.read_text())
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None. Trainer writes trainer_state.json last, after the weights,
+    optimizer and RNG states, so a kill while saving leaves it missing or the weights truncated."""
+    state = checkpoint / TRAINER_STATE_NAME
+    if not state.is_file():
+        return f"no {TRAINER_STATE_NAME}"
+    try:
+        json.loads(state.read_text())
+    except ValueError:
+        return f"{TRAINER_STATE_NAME} is not valid JSON"
+    weights = sorted(checkpoint.glob("model*.safetensors"))
+    if not weights and not list(checkpoint.glob("pytorch_model_fsdp_*")):  # FSDP's sharded state is a folder
+        return "no model weights"
+    return next(filter(None, map(safetensors_problem, weights)), None)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be read (truncated, not safetensors), naming the file; None if it can."""
+    try:
+        with safe_open(str(path), "pt"):
+            return None
+    except (OSError, SafetensorError) as error:
+        return f"{path} cannot be read: {error}"
+
+
+class RunTotals(TrainerCallback, ExportableState):
+    """The loss summed over steps and the seconds trained, across resumes: saved in every checkpoint's
+    trainer_state.json (Trainer's `stateful_callbacks`) and read back when training resumes from it.
+
+    Trainer's own `training_loss` covers only the steps of one `train()` call (0.0 when resuming from the final
+    checkpoint), and the part of the loss not yet logged is kept only in its private `_total_loss_scalar` and
+    `_tr_loss`: a workaround until Trainer saves a whole-run loss itself.
+    """
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.started = time.perf_counter()  # made just before `train()`: Trainer's set-up counts too
+        self.loss_sum: float | None = 0.0  # over the steps before this train() call; None: unknown (old checkpoint)
+        self.seconds: float | None = 0.0
+        self.first_step: int | None = None  # set when training begins
+
+    def state(self) -> dict:
+        loss_sum, seconds = self.loss_sum, self.seconds
+        if self.first_step is not None and loss_sum is not None:  # while training: add this call's part
+            loss_sum += self.trainer._total_loss_scalar + self.trainer._tr_loss.item()
+            seconds += time.perf_counter() - self.started
+        return {"args": {}, "attributes": {"loss_sum": loss_sum, "seconds": seconds}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        name = type(self).__name__
+        saved = state.stateful_callbacks.get(name)
+        if saved is None and state.global_step > 0:
+            logger.warning("The checkpoint predates whole-run totals: train_loss and train_seconds are not recorded.")
+            self.loss_sum = self.seconds = None
+        elif saved is not None:
+            self.loss_sum, self.seconds = saved["attributes"]["loss_sum"], saved["attributes"]["seconds"]
+        state.stateful_callbacks[name] = self.state()  # a checkpoint saved later must find its entry
+        self.first_step = state.global_step
+
+    def whole_run(self, output, global_step: int) -> dict[str, float | None]:
+        """`train_loss`, the mean per-step loss of all `global_step` steps, and `train_seconds`, once trained."""
+        if self.loss_sum is None:
+            return {"train_loss": None, "train_seconds": None}
+        this_call = output.training_loss * (global_step - self.first_step)  # Trainer divides by this call's steps
+        return {
+            "train_loss": (self.loss_sum + this_call) / global_step if global_step else math.nan,
+            "train_seconds": self.seconds + time.perf_counter() - self.started,
+        }
 
 
 # --- training --------------------------------------------------------------------------------------------------
@@ -160,10 +299,10 @@ def run_arguments(training_args: TrainingArguments, run: Run, **changes) -> Trai
                                hub_token=None, **changes)  # fmt: skip
 
 
-def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scale: dict, tokenizer=None,
-               **fields) -> dict:  # fmt: skip
+def finish_run(trainer: Trainer, run: Run, totals: dict, by_scale: dict, tokenizer=None, **fields) -> dict:
     """Saves the Hub-ready model folder (`run.model_folder`) and returns the run's results: what every family
-    records, plus `fields` (among them `collapse`, from `collapse_check`, for the families that check it).
+    records (`totals` from `Run.train`, the run's settings as `config`), plus `fields` (among them `collapse`, from
+    `collapse_check`, for the families that check it).
 
     The folder holds the weights (safetensors), the config with `use_cache=True`, hf_attn's modeling code with a
     full `auto_map` (so `trust_remote_code=True` loads it anywhere), the tokenizer (Trainer's `processing_class`, or
@@ -176,8 +315,8 @@ def finish_run(trainer: Trainer, run: Run, train_output, seconds: float, by_scal
         enable_remote_code(model)
     results = {
         "model": run.model, "seed": run.seed, "model_type": model.config.model_type,
-        "parameters": model.num_parameters(), "train_loss": train_output.training_loss, "train_seconds": seconds,
-        "processes": trainer.args.world_size, "machine": machine_state(), **fields, "by_scale": by_scale,
+        "parameters": model.num_parameters(), **totals, "processes": trainer.args.world_size,
+        "machine": machine_state(), **fields, "config": run.settings, "by_scale": by_scale,
     }  # fmt: skip
     trainer.save_model(str(run.model_folder))  # every process calls it: under FSDP they gather the weights together
     if trainer.is_world_process_zero():
@@ -272,6 +411,10 @@ def perplexity(model, token_ids, context_length: int, stride: int, batch_size: i
     """
     if not 1 <= stride < context_length:
         raise ValueError(f"`stride` must be in [1, context_length={context_length}), got {stride}.")
+    if len(token_ids) < 2:
+        raise ValueError(
+            f"perplexity needs at least 2 tokens (one to predict from, one to score), got {len(token_ids)}."
+        )
     token_ids = torch.as_tensor(token_ids, dtype=torch.long)
     windows = []  # (start, end, first): read token_ids[start:end], score token_ids[first:end]
     for first in range(1, len(token_ids), stride):
@@ -484,6 +627,9 @@ def plot_heatmap(values: dict[str, dict[str, float]], path: Path, title: str, vm
 
 __all__ = [
     "Run",
+    "RunTotals",
+    "checkpoint_problem",
+    "safetensors_problem",
     "InMemoryDataset",
     "PlateauOnTrainingLoss",
     "PlateauTrainer",

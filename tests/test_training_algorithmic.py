@@ -79,13 +79,35 @@ def test_an_untrained_run_is_reported_as_collapsed(tmp_path, capsys):
     assert "| 2 | n/a | n/a | n/a | n/a |" in (tmp_path / "cumulative_min" / "results.md").read_text()
 
 
-def test_finished_runs_are_never_overwritten(tmp_path, capsys):
-    tiny_run(tmp_path)
+def test_finished_runs_are_kept_and_a_rerun_with_other_settings_is_refused(tmp_path, capsys):
+    tiny_run(tmp_path, "--models", "positional")
     results = tmp_path / "cumulative_min" / "positional" / "seed-0" / "results.json"
     before = results.read_text()
-    tiny_run(tmp_path, "--learning_rate", "0.1")
+    tiny_run(tmp_path, "--models", "positional")
     assert results.read_text() == before
     assert "finished earlier, kept as it is" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"learning_rate 0\.001 -> 0\.1, num_train_epochs 2\.0 -> 3\.0.*delete"):
+        tiny_run(tmp_path, "--models", "positional", "--learning_rate", "0.1", "--num_train_epochs", "3")
+    assert results.read_text() == before
+
+
+def test_a_rerun_with_new_scales_evaluates_the_kept_model(tmp_path, capsys):
+    """Scales only add evaluation: the finished run is re-evaluated on its kept model, the tables get the new rows,
+    and the rows it had keep their values (an independent reference: the first run's own results)."""
+    tiny_run(tmp_path, "--models", "positional")
+    run = tmp_path / "cumulative_min" / "positional" / "seed-0"
+    before = json.loads((run / "results.json").read_text())
+    weights = (run / "model" / "model.safetensors").read_bytes()
+    tiny_run(tmp_path, "--models", "positional", "--scales", "1", "2", "3")
+    assert "re-evaluating the kept model (scales changed)" in capsys.readouterr().out
+    after = json.loads((run / "results.json").read_text())
+    assert set(after["by_scale"]) == {"1", "2", "3"} and after["config"]["experiment"]["scales"] == [1, 2, 3]
+    for scale in ("1", "3"):
+        assert after["by_scale"][scale] == pytest.approx(before["by_scale"][scale], rel=1e-6)
+    for name in ("train_loss", "train_seconds", "collapse", "parameters"):
+        assert after[name] == before[name]
+    assert (run / "model" / "model.safetensors").read_bytes() == weights  # not trained again
+    assert "| 2 |" in (tmp_path / "cumulative_min" / "results.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -97,10 +119,9 @@ def test_finished_runs_are_never_overwritten(tmp_path, capsys):
         (["--block_style", "parallel"], "invalid choice"),
     ],
 )
-def test_bad_arguments_stop_before_training(tmp_path, capsys, args, message):
-    with pytest.raises(SystemExit):
+def test_bad_arguments_stop_before_training(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
         tiny_run(tmp_path, *args)
-    assert message in capsys.readouterr().err
     assert not (tmp_path / "cumulative_min").exists()
 
 
@@ -114,15 +135,13 @@ def test_invalid_ranges_stop_before_training(tmp_path, args, message):
     assert not (tmp_path / "cumulative_min").exists()
 
 
-def test_unknown_yaml_key_and_missing_file(tmp_path, capsys):
+def test_unknown_yaml_key_and_missing_file(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("tasks: [cumulative_min]\nlearning_rat: 0.1\n")
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match=f"config file {config}: unknown key.* learning_rat"):
         algorithmic.main([str(config), "--output_dir", str(tmp_path)])
-    assert "learning_rat" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="does not exist"):
         algorithmic.main([str(tmp_path / "missing.yaml")])
-    assert "does not exist" in capsys.readouterr().err
 
 
 def crash_after_first_checkpoint(self, *args, **kwargs):

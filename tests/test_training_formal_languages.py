@@ -102,17 +102,23 @@ def test_invalid_values_stop_before_training(tmp_path, args, message):
         (["--no_such_field", "3"], "unrecognized arguments"),
     ],
 )
-def test_bad_arguments_stop_before_training(tmp_path, capsys, args, message):
-    with pytest.raises(SystemExit):
+def test_bad_arguments_stop_before_training(tmp_path, args, message):
+    with pytest.raises(ValueError, match=message):
         tiny_run(tmp_path, *args)
-    assert message in capsys.readouterr().err
     assert not (tmp_path / "ab_star").exists()
 
 
-def test_finished_runs_are_kept(tmp_path, capsys):
-    tiny_run(tmp_path, "--variants", "global")
+def test_finished_runs_are_kept_and_new_test_lengths_evaluate_the_kept_model(tmp_path, capsys):
+    tiny_run(tmp_path, "--variants", "global", "--test_min_length", "12")
     results = tmp_path / "ab_star" / "none" / "lr-0.001" / "global" / "seed-0" / "results.json"
     before = results.read_text()
-    tiny_run(tmp_path, "--variants", "global", "--max_steps", "3")
+    tiny_run(tmp_path, "--variants", "global", "--test_min_length", "12")
     assert results.read_text() == before
     assert "finished earlier, kept as it is" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="max_steps 2 -> 3"):
+        tiny_run(tmp_path, "--variants", "global", "--test_min_length", "12", "--max_steps", "3")
+    tiny_run(tmp_path, "--variants", "global", "--test_min_length", "10")
+    assert "re-evaluating the kept model (test_min_length changed)" in capsys.readouterr().out
+    after, before = json.loads(results.read_text()), json.loads(before)
+    assert set(after["by_scale"]) == {"10", "12", "14"} and after["train_loss"] == before["train_loss"]
+    assert all(after["by_scale"][n] == before["by_scale"][n] for n in ("12", "14"))

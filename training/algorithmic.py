@@ -15,6 +15,7 @@ accuracy.png} per task.
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from transformers import AutoConfig, AutoModelForTokenClassification, TrainingArguments, set_seed
 
@@ -30,7 +31,7 @@ from hf_attn.experiments import (
     plateau_trainer,
     regression_metrics,
 )
-from training.common import parse_config, run_config, run_tasks, write_task_reports
+from training.common import cli, invalid_configuration, model_size_problems, parse_config, run_tasks, write_task_reports
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
@@ -66,6 +67,11 @@ class ExperimentArguments:
     plateau_patience: int = field(default=50, metadata={"help": "ReduceLROnPlateau patience in epochs (Paper A: 50)."})
     plateau_min_lr: float = field(default=1e-6, metadata={"help": "ReduceLROnPlateau floor (Paper A: 1e-6)."})
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
+    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
+    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", "seeds", "resume", "seed")
+    evaluation_fields: ClassVar[tuple[str, ...]] = ("scales", "test_samples", "tolerance")
 
 
 @dataclass
@@ -104,14 +110,7 @@ def validate(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append(f"tolerance must be > 0, got {experiment.tolerance}")
     if not experiment.seeds:
         problems.append("seeds must list at least one seed")
-    if model.n_layer is not None and model.n_layer < 1:
-        problems.append(f"n_layer must be >= 1, got {model.n_layer}")
-    if model.n_embd % model.n_head:
-        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
-    if model.content_qk_dim is not None and model.content_qk_dim < 1:
-        problems.append(f"content_qk_dim must be >= 1, got {model.content_qk_dim}")
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    invalid_configuration(problems + model_size_problems(model))
 
 
 def build_model(kind: str, model: ModelArguments, length: int, positions: int):
@@ -146,7 +145,7 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
     train_set = InMemoryDataset(algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data))
     trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
-    train_output, seconds = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
 
     by_scale, collapse = {}, None
     for scale in sorted({1, *experiment.scales}):  # c = 1, in distribution, is always tested: the collapse check
@@ -158,10 +157,7 @@ def train_and_evaluate(run: Run, task: str, experiment, model_args, training_arg
             collapse = collapse_check(metrics["mse"], input_blind_mse(labels), "mse")
         if scale in experiment.scales:
             by_scale[str(scale)] = metrics
-    return finish_run(
-        trainer, run, train_output, seconds, by_scale, experiment="algorithmic", task=task, collapse=collapse,
-        config=run_config(experiment, model_args, training_args),
-    )  # fmt: skip
+    return finish_run(trainer, run, totals, by_scale, experiment="algorithmic", task=task, collapse=collapse)
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
@@ -179,4 +175,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -22,7 +22,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 from hf_attn.data import mixed_dataset
 from hf_attn.experiments import format_value
 from training import mixed
-from training.common import parse_config
+from training.common import cli, parse_config
 
 VALIDATION_SEED = 3_000_000
 
@@ -74,4 +74,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -29,6 +29,7 @@ import itertools
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
@@ -45,7 +46,16 @@ from hf_attn.experiments import (
     plot_heatmap,
     run_arguments,
 )
-from training.common import parse_config, run_all, run_config, runs_for
+from training.common import (
+    claim_runs,
+    cli,
+    invalid_configuration,
+    model_size_problems,
+    parse_config,
+    run_all,
+    run_config,
+    runs_for,
+)
 from training.variants import parse_variant, variant_problems
 
 POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
@@ -79,6 +89,13 @@ class ExperimentArguments:
     test_length_step: int = field(default=1, metadata={"help": "Evaluate every this many lengths (Paper B: 1)."})
     test_samples_per_length: int = field(default=512, metadata={"help": "Test strings per length (Paper B: 512)."})
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
+    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
+    # `test_max_length` is not among the latter: it sets the model's n_positions.
+    run_fields: ClassVar[tuple[str, ...]] = ("languages", "variants", "position_embeddings", "learning_rates", "seeds",
+                                             "resume", "seed")  # fmt: skip
+    evaluation_fields: ClassVar[tuple[str, ...]] = ("test_min_length", "test_length_step", "test_samples_per_length")
 
 
 @dataclass
@@ -145,12 +162,11 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
                 problems.append(f"{language} has no strings of length {e.train_min_length}..{e.train_max_length}")
             if not evaluated_lengths(language, e):
                 problems.append(f"{language} has no strings at any test length (even lengths only?)")
-    if model.n_embd % model.n_head:
-        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if sizes := model_size_problems(model):
+        problems += sizes
     elif "rope" in e.position_embeddings and (model.n_embd // model.n_head) % 2:
         problems.append(f"rope needs an even head dim n_embd / n_head, got {model.n_embd // model.n_head}")
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    invalid_configuration(problems)
 
 
 def build_model(variant: str, positions: str, model: ModelArguments, language: str, n_positions: int):
@@ -186,15 +202,14 @@ def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: f
                                      experiment.train_max_length, seed=run.seed)  # fmt: skip
     args = run_arguments(training_args, run, learning_rate=learning_rate)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
-    train_output, seconds = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
     lengths = evaluated_lengths(language, experiment)
     accuracies = [string_accuracy(trainer, language, n, experiment.test_samples_per_length) for n in lengths]
     by_length = {str(n): {"accuracy": a} for n, a in zip(lengths, accuracies, strict=True)}
     return finish_run(
-        trainer, run, train_output, seconds, by_length,
+        trainer, run, totals, by_length,
         experiment="formal_languages", language=language, positions=positions, learning_rate=learning_rate,
         mean_accuracy=statistics.fmean(accuracies), longest_perfect_length=longest_perfect_length(lengths, accuracies),
-        config=run_config(experiment, model_args, args),
     )  # fmt: skip
 
 
@@ -276,18 +291,25 @@ def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args)
     output_dir = Path(training_args.output_dir)
-    results = []
     grid = itertools.product(experiment.languages, experiment.position_embeddings, experiment.learning_rates)
-    for language, positions, lr in grid:
-        runs = runs_for(output_dir / language / positions / f"lr-{lr:g}", experiment.variants, experiment.seeds)
+    runs = {
+        (language, positions, lr): runs_for(
+            output_dir / language / positions / f"lr-{lr:g}", experiment.variants, experiment.seeds,
+            run_config(experiment, model_args, training_args, learning_rate=lr),
+        )
+        for language, positions, lr in grid
+    }  # fmt: skip
+    claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
+    results = []
+    for (language, positions, lr), group in runs.items():
         train = functools.partial(
             train_and_evaluate, language=language, positions=positions, learning_rate=lr, experiment=experiment,
             model_args=model_args, training_args=training_args,
         )  # fmt: skip
-        results += run_all(runs, train, training_args)
+        results += run_all(group, train, training_args, experiment)
     if is_main_process():
         print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

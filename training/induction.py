@@ -16,6 +16,7 @@ import functools
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
 
@@ -33,7 +34,16 @@ from hf_attn.experiments import (
     run_arguments,
     write_report,
 )
-from training.common import parse_config, run_all, run_config, runs_for
+from training.common import (
+    claim_runs,
+    cli,
+    invalid_configuration,
+    model_size_problems,
+    parse_config,
+    run_all,
+    run_config,
+    runs_for,
+)
 
 MODEL_KINDS = ("positional", "standard")
 METRICS = (  # (key, title, log scale); per-k accuracy in distribution is added by `report_metrics`
@@ -67,6 +77,11 @@ class ExperimentArguments:
         metadata={"help": "Test samples per split (training / unseen characters) and per k (Paper A's code: 1,000)."},
     )
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
+
+    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
+    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
+    run_fields: ClassVar[tuple[str, ...]] = ("models", "depths", "seeds", "resume", "seed")
+    evaluation_fields: ClassVar[tuple[str, ...]] = ("test_samples",)
 
 
 @dataclass
@@ -130,14 +145,14 @@ def validate(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append(f"max_hops must be >= 0, got {experiment.max_hops}")
     if training.max_steps < 1:
         problems.append(f"max_steps must be >= 1 (Paper A counts optimizer steps: 100k), got {training.max_steps}")
+    problems += model_size_problems(model)
     if not problems:  # the model configs check the model fields (widths, P, block style) themselves
         for kind in experiment.models:
             try:
                 model_config(kind, 1, model, experiment)
             except ValueError as error:
                 problems.append(f"model {kind!r}: {error}")
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    invalid_configuration(problems)
 
 
 def report_metrics(max_hops: int) -> list[tuple[str, str, bool]]:
@@ -183,12 +198,11 @@ def train_and_evaluate(
     train_set = khop_dataset(experiment.train_samples, experiment.length, experiment.max_hops, "train", run.seed)
     args = run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train_set))
-    train_output, seconds = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
     metrics, collapse = evaluate(trainer, experiment)
     return finish_run(
-        trainer, run, train_output, seconds, {str(depth): metrics},  # a row of the depth table
+        trainer, run, totals, {str(depth): metrics},  # a row of the depth table
         experiment="induction", depth=depth, collapse=collapse,
-        config=run_config(experiment, model_args, training_args),
     )  # fmt: skip
 
 
@@ -202,15 +216,18 @@ def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args, training_args)
     output_dir = Path(training_args.output_dir)
+    settings = run_config(experiment, model_args, training_args)
+    runs = {depth: runs_for(output_dir / f"depth-{depth}", experiment.models, experiment.seeds, settings)
+            for depth in experiment.depths}  # fmt: skip
+    claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
     results = []
-    for depth in experiment.depths:
-        runs = runs_for(output_dir / f"depth-{depth}", experiment.models, experiment.seeds)
+    for depth, group in runs.items():
         train = functools.partial(train_and_evaluate, depth=depth, experiment=experiment, model_args=model_args,
                                   training_args=training_args)  # fmt: skip
-        results += run_all(runs, train, training_args)
+        results += run_all(group, train, training_args, experiment)
     if is_main_process():
         print(write_reports(output_dir, results, experiment))
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -16,11 +16,10 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 """
 
 import math
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,7 +33,6 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import TrainOutput
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
@@ -49,7 +47,16 @@ from hf_attn.experiments import (
     plateau_trainer,
     run_arguments,
 )
-from training.common import parse_config, run_config, run_tasks, runs_for, write_task_reports
+from training.common import (
+    cli,
+    invalid_configuration,
+    model_size_problems,
+    parse_config,
+    pretrained_problems,
+    run_tasks,
+    runs_for,
+    write_task_reports,
+)
 
 MODEL_KINDS = ("positional", "standard", "gpt2")
 NAMES_TITLE = {"seen": "category names seen in training", "unseen": "unseen category names"}
@@ -67,7 +74,7 @@ TEST_SEED = 2_000_000  # test sets depend only on (task, c): every model is test
 # (so the end-of-text token after the answer is learned, not masked as padding).
 BASELINE_SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "pad_token": "<|pad|>"}
 Predict = Callable[[int, str], tuple[np.ndarray, np.ndarray]]  # (c, name set) -> (predictions, answers)
-Trained = tuple[Trainer, TrainOutput, Predict]
+Trained = tuple[Trainer, dict, Predict]  # (trainer, `Run.train`'s totals, predict)
 
 
 @dataclass
@@ -109,6 +116,11 @@ class ExperimentArguments:
     )
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
+    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
+    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
+    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", "seeds", "resume", "seed")
+    evaluation_fields: ClassVar[tuple[str, ...]] = ("scales", "test_samples", "max_new_tokens")
+
 
 @dataclass
 class ModelArguments:
@@ -139,35 +151,18 @@ def validate(experiment: ExperimentArguments, model: ModelArguments, output_dir:
     for name in ("train_samples", "test_samples", "baseline_batch_size", "max_new_tokens"):
         if getattr(experiment, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(experiment, name)}")
-    if model.n_embd % model.n_head:
-        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
-    if model.content_qk_dim is not None and model.content_qk_dim < 1:
-        problems.append(f"content_qk_dim must be >= 1, got {model.content_qk_dim}")
     gpt2_runs = [run for task in experiment.tasks for run in runs_for(output_dir / task, ["gpt2"], experiment.seeds)]
     if "gpt2" in experiment.models and not all(run.finished for run in gpt2_runs):
         problems += baseline_problems(experiment.baseline_model, experiment.baseline_tokenizer)
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    invalid_configuration(problems + model_size_problems(model))
 
 
 def baseline_problems(model: str, tokenizer: str | None) -> list[str]:
-    """A missing baseline checkpoint is reported before any training, with how to get one."""
-    problems = []
-    for what, name in (("baseline_model", model), ("baseline_tokenizer", tokenizer)):
-        if name is None or Path(name).is_dir():
-            continue
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "false", "False", ""):
-            from huggingface_hub import try_to_load_from_cache
-
-            if not isinstance(
-                try_to_load_from_cache(name, "config.json" if what == "baseline_model" else "vocab.json"), str
-            ):
-                problems.append(
-                    f"{what}={name!r} is neither a local folder nor in the Hub cache, and HF_HUB_OFFLINE is set: "
-                    "pass a local GPT-2 checkpoint folder (`python -m training.pretrain_gpt2 "
-                    "configs/mixed/gpt2_pretrain_cpu.yaml` makes one offline), or go online"
-                )
-    return problems
+    """A missing or unreadable baseline checkpoint is reported before any training, with how to get one."""
+    problems = pretrained_problems("baseline_model", model, weights=True)
+    problems += pretrained_problems("baseline_tokenizer", tokenizer)
+    hint = "(`python -m training.pretrain_gpt2 configs/mixed/gpt2_pretrain_cpu.yaml` makes a local GPT-2 offline)"
+    return [f"{problem} {hint}" for problem in problems]
 
 
 def positional_model(kind: str, model: ModelArguments, vocab_size: int):
@@ -240,20 +235,21 @@ def train_positional(run: Run, task: str, experiment, model_args, training_args)
     train_set = answer_at_position_zero(mixed_dataset(experiment.train_samples, task, seed=run.seed))
     trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                               experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
-    output, _ = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
 
     def predict(scale: int, names: str) -> tuple[np.ndarray, np.ndarray]:
         rows = answer_at_position_zero(held_out_set(task, experiment, scale, names, "positional"))
         predictions = trainer.predict(rows).predictions[:, 0, 0].astype(np.float64)
         return predictions, rows.columns["labels"][:, 0].double().numpy()
 
-    return trainer, output, predict
+    return trainer, totals, predict
 
 
-def baseline(experiment):
-    """The GPT-2 to fine-tune and its tokenizer, with Paper A's special tokens added (and embedded)."""
-    tokenizer = AutoTokenizer.from_pretrained(experiment.baseline_tokenizer or experiment.baseline_model)
-    model = AutoModelForCausalLM.from_pretrained(experiment.baseline_model)
+def baseline(experiment, kept: Path | None = None):
+    """The GPT-2 to fine-tune and its tokenizer, with Paper A's special tokens added (and embedded). `kept`: a
+    finished run's model folder, re-evaluated without needing the baseline checkpoint again."""
+    tokenizer = AutoTokenizer.from_pretrained(kept or experiment.baseline_tokenizer or experiment.baseline_model)
+    model = AutoModelForCausalLM.from_pretrained(kept or experiment.baseline_model)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         raise ValueError(
             f"baseline_tokenizer has {len(tokenizer)} tokens but baseline_model embeds only "
@@ -273,7 +269,7 @@ def causal_lm_set(texts, tokenizer):
 
 
 def train_gpt2(run: Run, task: str, experiment, training_args) -> Trained:
-    model, tokenizer = baseline(experiment)
+    model, tokenizer = baseline(experiment, run.model_folder if run.finished else None)
     samples = experiment.baseline_train_samples or experiment.train_samples
     train_set = causal_lm_set(mixed_dataset(samples, task, rendering="text", seed=run.seed), tokenizer)
     args = run_arguments(
@@ -285,14 +281,14 @@ def train_gpt2(run: Run, task: str, experiment, training_args) -> Trained:
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels: every token but the padding
     trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator,
                       processing_class=tokenizer)  # saved with the model  # fmt: skip
-    output, _ = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
 
     def predict(scale: int, names: str) -> tuple[np.ndarray, np.ndarray]:
         test = held_out_set(task, experiment, scale, names, "text")
         prompts = [tokenizer.bos_token + prompt for prompt in test["prompt"]]
         return greedy_answers(model, tokenizer, prompts, experiment.max_new_tokens), np.asarray(test["answer"])
 
-    return trainer, output, predict
+    return trainer, totals, predict
 
 
 @torch.no_grad()
@@ -314,17 +310,12 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, ba
 
 def train_and_evaluate(run: Run, task: str, experiment, model_args, training_args) -> dict:
     set_seed(run.seed)
-    start = time.perf_counter()
     if run.model == "gpt2":
-        trainer, train_output, predict = train_gpt2(run, task, experiment, training_args)
+        trainer, totals, predict = train_gpt2(run, task, experiment, training_args)
     else:
-        trainer, train_output, predict = train_positional(run, task, experiment, model_args, training_args)
-    seconds = time.perf_counter() - start
+        trainer, totals, predict = train_positional(run, task, experiment, model_args, training_args)
     by_scale, collapse = evaluate(predict, experiment)
-    return finish_run(
-        trainer, run, train_output, seconds, by_scale, experiment="mixed", task=task, collapse=collapse,
-        config=run_config(experiment, model_args, training_args),
-    )  # fmt: skip
+    return finish_run(trainer, run, totals, by_scale, experiment="mixed", task=task, collapse=collapse)
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
@@ -342,4 +333,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -12,16 +12,27 @@ by training/mixed.py with Paper A's recipe. It is far smaller than GPT-2 and has
 Writes OUTPUT_DIR/{results.json, model/}: the model with its tokenizer, and held-out perplexity and run time.
 """
 
-import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
-from hf_attn.data.wikitext import language_modelling_blocks, tokenize_text
+from hf_attn.data.wikitext import language_modelling_blocks, read_text_file, tokenize_text
 from hf_attn.experiments import InMemoryDataset, Run, machine_state, perplexity, run_arguments
-from training.common import TRAINING_FIELDS, parse_config, say
+from training.common import (
+    TRAINING_FIELDS,
+    arguments_record,
+    claim_runs,
+    cli,
+    invalid_configuration,
+    model_size_problems,
+    parse_config,
+    pretrained_problems,
+    say,
+)
 
 
 @dataclass
@@ -37,6 +48,10 @@ class PretrainArguments:
     n_head: int = field(default=4, metadata={"help": "Heads (GPT-2 small: 12)."})
     resume: bool = field(default=False, metadata={"help": "Continue an interrupted pretraining from its checkpoint."})
 
+    # Every other field is a setting of the one run: a rerun or resume that changes one is refused.
+    run_fields: ClassVar[tuple[str, ...]] = ("resume",)
+    evaluation_fields: ClassVar[tuple[str, ...]] = ()
+
 
 def validate(args: PretrainArguments) -> list[Path]:
     """The text files, or a ValueError naming the field, before anything is built."""
@@ -47,26 +62,25 @@ def validate(args: PretrainArguments) -> list[Path]:
         problems.append(f"data_dir {folder} holds no wiki.*.raw file (offline: ../shared/data/wikitext-2-raw)")
     if not 0 < args.held_out < 1:
         problems.append(f"held_out must be in (0, 1), got {args.held_out}")
-    for name in ("block_size", "n_layer", "n_embd", "n_head"):
-        if getattr(args, name) < (2 if name == "block_size" else 1):
-            problems.append(f"{name} must be >= {2 if name == 'block_size' else 1}, got {getattr(args, name)}")
-    if args.n_head >= 1 and args.n_embd % args.n_head:
-        problems.append(f"n_embd ({args.n_embd}) must be divisible by n_head ({args.n_head})")
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    if args.block_size < 2:
+        problems.append(f"block_size must be >= 2, got {args.block_size}")
+    invalid_configuration(problems + model_size_problems(args) + pretrained_problems("tokenizer", args.tokenizer))
     return files
 
 
 def main(argv: list[str] | None = None) -> None:
     args, training_args = parse_config((PretrainArguments, TrainingArguments), argv)
     files = validate(args)
-    run = Run(Path(training_args.output_dir), "gpt2", training_args.seed)
+    settings = {"pretrain": arguments_record(args),
+                "training": {name: getattr(training_args, name) for name in TRAINING_FIELDS}}  # fmt: skip
+    run = Run(Path(training_args.output_dir), "gpt2", training_args.seed, settings)
+    claim_runs(run.folder, [run], args)
     if run.finished:
         say(f"{run.folder}: pretrained earlier, kept as it is ({run.model_folder})")
         return
     set_seed(training_args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    token_ids = np.concatenate([tokenize_text(path.read_text(), tokenizer) for path in files])
+    token_ids = np.concatenate([tokenize_text(read_text_file(path), tokenizer) for path in files])
     split = int(len(token_ids) * (1 - args.held_out))
     config = GPT2Config(
         vocab_size=len(tokenizer), n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
@@ -75,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     model = GPT2LMHeadModel(config)
     train_set = InMemoryDataset(language_modelling_blocks(token_ids[:split], args.block_size))
     trainer = Trainer(model=model, args=run_arguments(training_args, run), train_dataset=train_set)
-    output, seconds = run.train(trainer, args.resume)
+    totals = run.train(trainer, args.resume)
     held_out = perplexity(model, token_ids[split:], context_length=args.block_size, stride=args.block_size // 2)
     model.config.use_cache = True
     trainer.save_model(str(run.model_folder))
@@ -83,16 +97,14 @@ def main(argv: list[str] | None = None) -> None:
     run.write_results({
         "model": "gpt2", "seed": run.seed, "parameters": model.num_parameters(), "files": [p.name for p in files],
         "train_tokens": split, "held_out_tokens": len(token_ids) - split, "held_out_perplexity": held_out["perplexity"],
-        "train_loss": output.training_loss, "train_seconds": seconds, "machine": machine_state(),
-        "config": {"pretrain": dataclasses.asdict(args),
-                   "training": {name: getattr(training_args, name) for name in TRAINING_FIELDS}},
+        **totals, "machine": machine_state(), "config": run.settings,
     })  # fmt: skip
     say(
         f"{run.model_folder}: GPT-2 of {model.num_parameters():,} parameters pretrained on {split:,} tokens of "
-        f"{', '.join(p.name for p in files)} in {seconds / 60:.1f} min; held-out perplexity "
-        f"{held_out['perplexity']:.1f} on {len(token_ids) - split:,} tokens"
+        f"{', '.join(p.name for p in files)} in {(totals['train_seconds'] or math.nan) / 60:.1f} min; held-out "
+        f"perplexity {held_out['perplexity']:.1f} on {len(token_ids) - split:,} tokens"
     )
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -17,6 +17,7 @@ evaluated on test).
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
@@ -34,7 +35,18 @@ from hf_attn.experiments import (
     plot_bars,
     run_arguments,
 )
-from training.common import parse_config, run_all, run_config, runs_for, say
+from training.common import (
+    claim_runs,
+    cli,
+    invalid_configuration,
+    model_size_problems,
+    parse_config,
+    pretrained_problems,
+    run_all,
+    run_config,
+    runs_for,
+    say,
+)
 from training.variants import parse_variant, variant_problems
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
@@ -64,6 +76,11 @@ class ExperimentArguments:
     max_eval_tokens: int | None = field(default=None, metadata={"help": "Evaluate on only the first N tokens."})
     resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
+    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
+    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
+    run_fields: ClassVar[tuple[str, ...]] = ("variants", "position_embeddings", "seeds", "resume", "seed")
+    evaluation_fields: ClassVar[tuple[str, ...]] = ("eval_stride", "max_eval_tokens")
+
 
 @dataclass
 class ModelArguments:
@@ -83,15 +100,17 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
     stride = experiment.eval_stride
     if stride is not None and not 1 <= stride < experiment.block_size:
         problems.append(f"eval_stride must be in [1, block_size={experiment.block_size}), got {stride}")
-    if model.n_embd % model.n_head:
-        problems.append(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    for name, what in (("max_train_tokens", "one training block"), ("max_eval_tokens", "one evaluation window")):
+        tokens = getattr(experiment, name)
+        if tokens is not None and tokens < experiment.block_size:
+            problems.append(f"{name} must be >= block_size={experiment.block_size} ({what}), got {tokens}")
     if experiment.data_dir is not None and not Path(experiment.data_dir).is_dir():
         problems.append(
             f"data_dir {experiment.data_dir} is not a folder; offline use ../shared/data/wikitext-2-raw, "
             "online leave data_dir unset to download from the Hub"
         )
-    if problems:
-        raise ValueError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    problems += pretrained_problems("tokenizer", experiment.tokenizer)
+    invalid_configuration(problems + model_size_problems(model))
 
 
 def build_model(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
@@ -108,15 +127,15 @@ def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, t
     set_seed(run.seed)
     model = build_model(run.model, positions, model_args, data["vocab_size"], experiment.block_size)
     trainer = Trainer(model=model, args=run_arguments(training_args, run), train_dataset=data["train"])
-    train_output, seconds = run.train(trainer, experiment.resume)
+    totals = run.train(trainer, experiment.resume)
     stride = experiment.eval_stride or experiment.block_size // 2
     scores = perplexity(
         model, data["eval_ids"], experiment.block_size, stride, training_args.per_device_eval_batch_size
     )
     return finish_run(
-        trainer, run, train_output, seconds, {run.model: scores}, experiment="wikitext", positions=positions,
+        trainer, run, totals, {run.model: scores}, experiment="wikitext", positions=positions,
         protocol=data["description"], context_length=experiment.block_size, eval_stride=stride,
-        config=run_config(experiment, model_args, training_args), tokenizer=data["tokenizer"],
+        tokenizer=data["tokenizer"],
     )  # fmt: skip
 
 
@@ -131,6 +150,9 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
         )
     train_ids = tokenize_text(splits.train_text, tokenizer)[: experiment.max_train_tokens]
     eval_ids = tokenize_text(splits.eval_text, tokenizer)[: experiment.max_eval_tokens]
+    for ids, source in ((train_ids, splits.train_source), (eval_ids, splits.eval_source)):
+        if len(ids) < experiment.block_size:
+            raise ValueError(f"{source} has {len(ids)} tokens, fewer than block_size={experiment.block_size}")
     train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
     return {
         "train": train,
@@ -144,16 +166,19 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
 def main(argv: list[str] | None = None) -> None:
     experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
     validate(experiment, model_args)
+    output_dir = Path(training_args.output_dir)
+    settings = run_config(experiment, model_args, training_args)
+    runs = {positions: runs_for(output_dir / positions, experiment.variants, experiment.seeds, settings)
+            for positions in experiment.position_embeddings}  # fmt: skip
+    claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
     data = load_data(experiment, model_args)
     say(data["description"])
-    output_dir = Path(training_args.output_dir)
     results = []
-    for positions in experiment.position_embeddings:
-        runs = runs_for(output_dir / positions, experiment.variants, experiment.seeds)
+    for positions, group in runs.items():
         train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
                                   model_args=model_args, training_args=training_args)  # fmt: skip
         # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
-        results += [{**result, "model": positions} for result in run_all(runs, train, training_args)]
+        results += [{**result, "model": positions} for result in run_all(group, train, training_args, experiment)]
     if not is_main_process():
         return
     summary = aggregate(results, "perplexity")
@@ -170,4 +195,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

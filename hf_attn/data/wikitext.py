@@ -29,6 +29,8 @@ class WikiTextSplits:
     eval_text: str
     protocol: str  # "full" (train -> test) or "reduced" (validation -> test)
     source: str
+    train_source: str  # where each text comes from (a file, or the Hub's split), for messages
+    eval_source: str
 
     @property
     def description(self) -> str:
@@ -50,7 +52,8 @@ def load_wikitext(data_dir: str | Path | None = None) -> WikiTextSplits:
         )
     hub = datasets.load_dataset(*HUB_DATASET)
     texts = {split: "".join(hub[split]["text"]) for split in WIKITEXT_FILES}
-    return WikiTextSplits(texts["train"], texts["test"], "full", "the Hub's wikitext-2-raw-v1")
+    source = "the Hub's wikitext-2-raw-v1"
+    return WikiTextSplits(texts["train"], texts["test"], "full", source, f"{source} train", f"{source} test")
 
 
 def _from_folder(folder: Path) -> WikiTextSplits:
@@ -66,9 +69,22 @@ def _from_folder(folder: Path) -> WikiTextSplits:
             f"`data_dir` {folder} must hold {WIKITEXT_FILES['test']} and {WIKITEXT_FILES['train']} or "
             f"{WIKITEXT_FILES['validation']}; found {sorted(p.name for p in present.values()) or 'none of them'}."
         )
-    train_split = "train" if "train" in present else "validation"
-    protocol = "full" if train_split == "train" else "reduced"
-    return WikiTextSplits(present[train_split].read_text(), present["test"].read_text(), protocol, f"folder {folder}")
+    train_file = present["train" if "train" in present else "validation"]
+    protocol = "full" if "train" in present else "reduced"
+    return WikiTextSplits(read_text_file(train_file), read_text_file(present["test"]), protocol, f"folder {folder}",
+                          str(train_file), str(present["test"]))  # fmt: skip
+
+
+def read_text_file(path: Path) -> str:
+    """A UTF-8 text file; one that is not UTF-8 is refused naming the file and the byte (Python's error names
+    neither the file nor what to do)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {error.start} is {error.object[error.start : error.start + 1]!r}): "
+            "WikiText raw files are UTF-8; re-encode the file or point at the original one"
+        ) from None
 
 
 def tokenize_text(text: str, tokenizer) -> np.ndarray:
@@ -87,4 +103,11 @@ def language_modelling_blocks(token_ids: np.ndarray, block_size: int) -> dataset
     return datasets.Dataset.from_dict({"input_ids": blocks, "labels": blocks}).with_format("torch")
 
 
-__all__ = ["WIKITEXT_FILES", "WikiTextSplits", "load_wikitext", "tokenize_text", "language_modelling_blocks"]
+__all__ = [
+    "WIKITEXT_FILES",
+    "WikiTextSplits",
+    "load_wikitext",
+    "read_text_file",
+    "tokenize_text",
+    "language_modelling_blocks",
+]
