@@ -41,7 +41,9 @@ def test_tiny_run_writes_results_tables_heatmaps_and_models(tmp_path):
                 results = json.loads((run / "results.json").read_text())
                 assert set(results["by_scale"]) == {"10", "12", "14"}  # odd 9, 11, 13: ab_star has no members
                 assert results["learning_rate"] == results["config"]["training"]["learning_rate"] == float(lr)
-                assert 0 <= results["mean_accuracy"] <= 1 and results["longest_perfect_length"] in (0, 10, 12, 14)
+                assert 0 <= results["mean_accuracy"] <= 1 and results["longest_perfect_test_length"] in (0, 10, 12, 14)
+                assert set(results["train_accuracy_by_length"]) == {"2", "4", "6", "8"}  # ab_star: even lengths
+                assert results["longest_perfect_length"] in (0, 2, 4, 6, 8, 10, 12, 14)
                 saved = AutoModelForTokenClassification.from_pretrained(run / "model")
                 assert saved.config.num_labels == 2 and saved.config.n_positions == 16
                 check_hub_folder(run / "model", {"accuracy"}, tokenizer=False)
@@ -55,26 +57,33 @@ def test_tiny_run_writes_results_tables_heatmaps_and_models(tmp_path):
 @pytest.mark.parametrize(
     "accuracies,expected",
     [
-        ([1.0, 1.0, 1.0], 60),  # perfect everywhere: the longest test length
-        ([1.0, 1.0, 0.99], 50),  # stops before the first imperfect length
-        ([1.0, 0.5, 1.0], 41),  # a later perfect length does not count
-        ([0.9, 1.0, 1.0], 0),  # imperfect from the start
+        ([1.0, 1.0, 1.0, 1.0, 1.0], 60),  # perfect everywhere: the longest length
+        ([1.0, 1.0, 1.0, 1.0, 0.99], 50),  # stops before the first imperfect length
+        ([1.0, 1.0, 1.0, 0.5, 1.0], 41),  # a later perfect length does not count
+        ([1.0, 1.0, 0.9, 1.0, 1.0], 40),  # Paper B: perfect in training, failing at 41, scores 40
+        ([0.9, 1.0, 1.0, 1.0, 1.0], 0),  # imperfect from the start
     ],
 )
-def test_longest_perfect_length(accuracies, expected):
-    assert formal.longest_perfect_length([41, 50, 60], accuracies) == expected
-    assert formal.longest_perfect_length([60, 41, 50], [accuracies[2], accuracies[0], accuracies[1]]) == expected
+def test_longest_perfect_length_walks_up_from_the_shortest_length(accuracies, expected):
+    lengths = [1, 40, 41, 50, 60]
+    assert formal.longest_perfect_length(dict(zip(lengths, accuracies, strict=True))) == expected
+    assert formal.longest_perfect_length(dict(reversed(list(zip(lengths, accuracies, strict=True))))) == expected
 
 
-def test_best_learning_rate_is_chosen_on_the_mean_over_seeds():
-    def result(lr, seed, accuracy, longest):
+def test_cells_aggregate_every_seed_and_learning_rate_as_paper_b():
+    def result(lr, seed, accuracies, longest):
+        by_scale = {str(n): {"accuracy": a} for n, a in zip((41, 50), accuracies, strict=True)}
         return dict(language="ab_star", positions="none", model="global", learning_rate=lr, seed=seed,
-                    mean_accuracy=accuracy, longest_perfect_length=longest)  # fmt: skip
+                    by_scale=by_scale, mean_accuracy=sum(accuracies) / 2, longest_perfect_length=longest)  # fmt: skip
 
-    results = [result(1e-4, 0, 1.0, 100), result(1e-4, 1, 0.5, 0), result(3e-4, 0, 0.9, 50), result(3e-4, 1, 0.8, 40)]
-    best = formal.best_learning_rate(results)["ab_star", "none", "global"]
-    assert best == {"learning_rate": 3e-4, "mean_accuracy": pytest.approx(0.85), "seeds": 2,
-                    "longest_perfect_length": 45}  # fmt: skip
+    results = [result(1e-4, 0, (1.0, 1.0), 50), result(1e-4, 1, (0.5, 0.5), 0), result(3e-4, 0, (1.0, 0.8), 41),
+               result(3e-4, 1, (0.9, 0.7), 40)]  # fmt: skip
+    cell = formal.cell_summaries(results)["ab_star", "none", "global"]
+    assert cell == {"runs": 4, "perfect_runs": 1, "mean_accuracy": pytest.approx(0.8), "min_accuracy": 0.5,
+                    "max_accuracy": 1.0, "longest_perfect_length": pytest.approx(32.75),
+                    "max_longest_perfect_length": 50}  # fmt: skip
+    at_rate = formal.cell_summaries(results, learning_rate=3e-4)["ab_star", "none", "global"]
+    assert at_rate["runs"] == 2 and at_rate["perfect_runs"] == 0 and at_rate["mean_accuracy"] == pytest.approx(0.85)
 
 
 @pytest.mark.parametrize(

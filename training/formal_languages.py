@@ -7,14 +7,19 @@ step 1), `test_samples_per_length` strings each (Paper B: 512), half members and
 `ab_star` and `dyck2_bounded` have members only at even lengths: their odd test lengths are skipped.
 
 Metrics per run (in results.json):
-- `accuracy` per test length (`by_scale[str(L)]["accuracy"]`) and `mean_accuracy`, their unweighted mean;
-- `longest_perfect_length`: walking the evaluated test lengths upwards from the shortest, the last one before the
-  first length with accuracy below 100%; 0 when the shortest test length is already imperfect. With a step > 1 the
-  unevaluated lengths in between are assumed perfect. Training lengths are not re-evaluated, so 0 means "no perfect
-  test length", not "imperfect in training".
-Each (language, position encoding, variant, learning rate, seed) is one run. Paper B reports the best learning
-rate; tables show, per (language, encoding, variant), the learning rate whose mean over seeds of `mean_accuracy` is
-highest, and at that learning rate the mean over seeds of `mean_accuracy` and of `longest_perfect_length`.
+- `accuracy` per test length (`by_scale[str(L)]["accuracy"]`) and `mean_accuracy`, their unweighted mean; the same
+  on every training length (`train_accuracy_by_length`, `train_accuracy`), with test-style strings of a seed no
+  training run uses;
+- `longest_perfect_length`, Paper B's: the largest N with 100% accuracy at every length up to N, training lengths
+  included (a model perfect in training that fails at 41 scores 40); 0 when the shortest training length is
+  already imperfect. With a test step > 1 the lengths in between are not evaluated and count as perfect;
+- `longest_perfect_test_length`, ours before Paper B's definition: the same walk over the test lengths alone (0:
+  even the shortest test length is imperfect).
+Each (language, position encoding, variant, learning rate, seed) is one run. As Paper B does, a table cell
+aggregates every run of its (language, encoding, variant), all seeds and learning rates together: the mean, with
+the spread and the max alongside, and the number of perfect runs (100% at every test length; Paper B counts a
+language as recognised when at least one run is). With several learning rates, each language's report also shows
+the cells per rate.
 
     python -m training.formal_languages configs/formal_languages/cpu.yaml
     python -m training.formal_languages configs/formal_languages/paper.yaml                 # for a GPU
@@ -78,7 +83,7 @@ class ExperimentArguments:
     )
     learning_rates: list[float] = field(
         default_factory=lambda: [1e-4, 3e-4, 5e-4],
-        metadata={"help": "One run per learning rate (overrides `learning_rate`); tables show the best one."},
+        metadata={"help": "One run per learning rate (overrides `learning_rate`); tables aggregate over them."},
     )
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per seed (Paper B: 5)."})
     train_min_length: int = field(default=1, metadata={"help": "Shortest training string (Paper B: 1)."})
@@ -125,11 +130,18 @@ def evaluated_lengths(language: str, experiment: ExperimentArguments) -> list[in
     return [length for length in lengths if has_strings(language, length, length)]
 
 
-def longest_perfect_length(lengths: list[int], accuracies: list[float]) -> int:
-    """The last of the ascending `lengths` before the first accuracy below 1; 0 if the first is already below 1."""
+def training_lengths(language: str, experiment: ExperimentArguments) -> list[int]:
+    """The training lengths where the language has members: Paper B's longest perfect length starts from them."""
+    lengths = range(experiment.train_min_length, experiment.train_max_length + 1)
+    return [length for length in lengths if has_strings(language, length, length)]
+
+
+def longest_perfect_length(accuracy_by_length: dict[int, float]) -> int:
+    """The largest evaluated length N with accuracy 1 at every evaluated length up to N; 0 if the shortest is
+    already below 1."""
     longest = 0
-    for length, accuracy in sorted(zip(lengths, accuracies, strict=True)):
-        if accuracy < 1.0:
+    for length in sorted(accuracy_by_length):
+        if accuracy_by_length[length] < 1.0:
             break
         longest = length
     return longest
@@ -203,83 +215,90 @@ def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: f
     args = run_arguments(training_args, run, learning_rate=learning_rate)
     trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
     totals = run.train(trainer, experiment.resume)
-    lengths = evaluated_lengths(language, experiment)
-    accuracies = [string_accuracy(trainer, language, n, experiment.test_samples_per_length) for n in lengths]
-    by_length = {str(n): {"accuracy": a} for n, a in zip(lengths, accuracies, strict=True)}
+    samples = experiment.test_samples_per_length
+    train_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in training_lengths(language, experiment)}
+    test_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in evaluated_lengths(language, experiment)}
     return finish_run(
-        trainer, run, totals, by_length,
+        trainer, run, totals, {str(n): {"accuracy": a} for n, a in test_accuracy.items()},
         experiment="formal_languages", language=language, positions=positions, learning_rate=learning_rate,
-        mean_accuracy=statistics.fmean(accuracies), longest_perfect_length=longest_perfect_length(lengths, accuracies),
+        mean_accuracy=statistics.fmean(test_accuracy.values()),
+        longest_perfect_length=longest_perfect_length(train_accuracy | test_accuracy),
+        longest_perfect_test_length=longest_perfect_length(test_accuracy),
+        train_accuracy=statistics.fmean(train_accuracy.values()),
+        train_accuracy_by_length={str(n): a for n, a in train_accuracy.items()},
     )  # fmt: skip
 
 
 # --- tables ----------------------------------------------------------------------------------------------------
 
 
-def by_learning_rate(results: list[dict]) -> dict[tuple[str, str, str], dict[float, dict]]:
-    """Per (language, positions, variant) and learning rate: the means over seeds of `mean_accuracy` and
-    `longest_perfect_length`."""
-    grouped: dict[tuple, dict[float, list[dict]]] = {}
-    for result in results:
-        key = (result["language"], result["positions"], result["model"])
-        grouped.setdefault(key, {}).setdefault(result["learning_rate"], []).append(result)
+def is_perfect(result: dict) -> bool:
+    """100% accuracy at every test length: Paper B counts a language as recognised if one run is."""
+    return all(metrics["accuracy"] == 1.0 for metrics in result["by_scale"].values())
+
+
+def cell_summary(runs: list[dict]) -> dict:
+    """One table cell over `runs`, as Paper B aggregates them: means, with the spread and the max alongside."""
+    accuracies = [r["mean_accuracy"] for r in runs]
+    longest = [r["longest_perfect_length"] for r in runs]
     return {
-        key: {
-            lr: {
-                "learning_rate": lr,
-                "mean_accuracy": statistics.fmean(r["mean_accuracy"] for r in runs),
-                "longest_perfect_length": statistics.fmean(r["longest_perfect_length"] for r in runs),
-                "seeds": len(runs),
-            }
-            for lr, runs in by_rate.items()
-        }
-        for key, by_rate in grouped.items()
-    }
+        "runs": len(runs), "perfect_runs": sum(map(is_perfect, runs)),
+        "mean_accuracy": statistics.fmean(accuracies), "min_accuracy": min(accuracies), "max_accuracy": max(accuracies),
+        "longest_perfect_length": statistics.fmean(longest), "max_longest_perfect_length": max(longest),
+    }  # fmt: skip
 
 
-def best_learning_rate(results: list[dict]) -> dict[tuple[str, str, str], dict]:
-    """Per (language, positions, variant): the summary of the learning rate with the best mean over seeds of
-    `mean_accuracy` (ties: the first rate listed in the config). Paper B reports the best learning rate."""
-    return {key: max(by_rate.values(), key=lambda stats: stats["mean_accuracy"])
-            for key, by_rate in by_learning_rate(results).items()}  # fmt: skip
+def cell_summaries(results: list[dict], learning_rate: float | None = None) -> dict[tuple[str, str, str], dict]:
+    """Per (language, positions, variant): the summary of every run, all seeds and learning rates together (or
+    those at `learning_rate`)."""
+    grouped: dict[tuple[str, str, str], list[dict]] = {}
+    for result in results:
+        if learning_rate is None or result["learning_rate"] == learning_rate:
+            grouped.setdefault((result["language"], result["positions"], result["model"]), []).append(result)
+    return {key: cell_summary(runs) for key, runs in grouped.items()}
 
 
 def _cell(stats: dict) -> str:
-    return f"{stats['mean_accuracy']:.3f} / {stats['longest_perfect_length']:.0f} (lr {stats['learning_rate']:g})"
+    return (
+        f"{stats['mean_accuracy']:.3f} ({stats['min_accuracy']:.2f}-{stats['max_accuracy']:.2f}) / "
+        f"{stats['longest_perfect_length']:.0f} (max {stats['max_longest_perfect_length']}) / "
+        f"{stats['perfect_runs']} of {stats['runs']}"
+    )
 
 
-def _grids(best: dict, rows: list[str], columns: list[str], key) -> tuple[dict, dict]:
-    """Table cells and heatmap values, `[row][column]`, of the best-lr summaries at `key(row, column)`."""
-    cells = {row: {column: _cell(best[key(row, column)]) for column in columns} for row in rows}
-    accuracy = {row: {column: best[key(row, column)]["mean_accuracy"] for column in columns} for row in rows}
+def _grids(summaries: dict, rows: list[str], columns: list[str], key) -> tuple[dict, dict]:
+    """Table cells and heatmap values, `[row][column]`, of the cell summaries at `key(row, column)`."""
+    cells = {row: {column: _cell(summaries[key(row, column)]) for column in columns} for row in rows}
+    accuracy = {row: {column: summaries[key(row, column)]["mean_accuracy"] for column in columns} for row in rows}
     return cells, accuracy
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """Per language: results.md (rows variants, columns encodings) and accuracy.png; the same across languages."""
-    best = best_learning_rate(results)
+    summaries = cell_summaries(results)
     legend = (
         f"Trained on lengths {experiment.train_min_length}..{experiment.train_max_length}; tested on lengths "
         f"{experiment.test_min_length}..{experiment.test_max_length} step {experiment.test_length_step} (odd ones "
-        f"skipped where the language has none), {experiment.test_samples_per_length} strings each. Cell: mean accuracy "
-        "over test lengths / longest perfect length, means over seeds at the learning rate with the best mean "
-        "accuracy (shown). Longest perfect length: the last test length before the first one below 100% (0: none)."
+        f"skipped where the language has none), {experiment.test_samples_per_length} strings each. A cell aggregates "
+        "every run of its variant and encoding (all seeds and learning rates), as Paper B does: mean accuracy over "
+        "test lengths (lowest-highest run) / Paper B's longest perfect length, training lengths included (max over "
+        "runs) / runs perfect at every test length."
     )
     overall = [f"# Formal-language recognition ({len(results)} runs)", legend]
     variants, encodings, languages = experiment.variants, experiment.position_embeddings, experiment.languages
     for language in languages:
-        cells, accuracy = _grids(best, variants, encodings, lambda v, p, lang=language: (lang, p, v))
+        cells, accuracy = _grids(summaries, variants, encodings, lambda v, p, lang=language: (lang, p, v))
         sections = [f"# {language}: recognition accuracy by variant and position encoding", legend,
                     grid_table(cells, "variant")]  # fmt: skip
-        if len(experiment.learning_rates) > 1:  # every rate too, so the choice of the best can be checked
+        if len(experiment.learning_rates) > 1:  # each rate too, so that no rate's failures hide in the means
             for lr in experiment.learning_rates:
-                at_rate = {key: stats[lr] for key, stats in by_learning_rate(results).items()}
+                at_rate = cell_summaries(results, learning_rate=lr)
                 cells, _ = _grids(at_rate, variants, encodings, lambda v, p, lang=language: (lang, p, v))
                 sections += [f"## learning rate {lr:g}", grid_table(cells, "variant")]
         (output_dir / language / "results.md").write_text("\n\n".join(sections) + "\n")
         plot_heatmap(accuracy, output_dir / language / "accuracy.png", f"{language}: mean test accuracy")
     for positions in encodings:
-        cells, accuracy = _grids(best, variants, languages, lambda v, lang, p=positions: (lang, p, v))
+        cells, accuracy = _grids(summaries, variants, languages, lambda v, lang, p=positions: (lang, p, v))
         overall += [f"## position encoding `{positions}`: variants by language", grid_table(cells, "variant")]
         plot_heatmap(accuracy, output_dir / f"accuracy_{positions}.png", f"mean test accuracy, positions {positions}")
     report = "\n\n".join(overall) + "\n"
