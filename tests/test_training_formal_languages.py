@@ -131,3 +131,32 @@ def test_finished_runs_are_kept_and_new_test_lengths_evaluate_the_kept_model(tmp
     after, before = json.loads(results.read_text()), json.loads(before)
     assert set(after["by_scale"]) == {"10", "12", "14"} and after["train_loss"] == before["train_loss"]
     assert all(after["by_scale"][n] == before["by_scale"][n] for n in ("12", "14"))
+
+
+# Paper B's table (../shared/spec/papers.md): which variants recognise each language, by its class.
+PAPER_B_EXPECTATIONS = {
+    "ends_with_a": {"global": False, "local": True, "hybrid": True},
+    "ends_with_ab": {"global": False, "local": True, "hybrid": True},
+    "starts_with_a": {"global": True, "local": False, "hybrid": True},
+    "contains_a_then_b": {"global": True, "local": False, "hybrid": True},
+    "ab_star": {"global": False, "local": False, "hybrid": True},
+    "contains_ab": {"global": False, "local": False, "hybrid": True},
+    "right_deterministic_polynomial": {"global": None, "local": None, "hybrid": None},
+    "dyck2_bounded": {"global": None, "local": None, "hybrid": None},
+}
+
+
+@pytest.mark.parametrize("language", PAPER_B_EXPECTATIONS)
+@pytest.mark.parametrize("variant", ["global", "local-1", "local-4", "hybrid-2"])
+def test_predictions_follow_paper_b_table(language, variant):
+    expected = PAPER_B_EXPECTATIONS[language][variant.split("-")[0]]
+    assert formal.predicted_recognition(language, variant) is expected
+
+
+def test_a_cell_that_disagrees_with_the_prediction_is_marked():
+    stats = {"perfect_runs": 0, "runs": 3}
+    assert formal.prediction_cell("ends_with_a", "local-1", stats) == "can; 0 of 3 perfect (differs)"
+    assert formal.prediction_cell("ends_with_a", "global", stats) == "cannot; 0 of 3 perfect"
+    assert formal.prediction_cell("dyck2_bounded", "hybrid-1", {"perfect_runs": 1, "runs": 3}) == (
+        "no guarantee; 1 of 3 perfect"
+    )

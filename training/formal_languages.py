@@ -19,7 +19,8 @@ Each (language, position encoding, variant, learning rate, seed) is one run. As 
 aggregates every run of its (language, encoding, variant), all seeds and learning rates together: the mean, with
 the spread and the max alongside, and the number of perfect runs (100% at every test length; Paper B counts a
 language as recognised when at least one run is). With several learning rates, each language's report also shows
-the cells per rate.
+the cells per rate. Beside each table, what Paper B's theory predicts per cell (from the language's LTL class) and
+whether our runs agree.
 
     python -m training.formal_languages configs/formal_languages/cpu.yaml
     python -m training.formal_languages configs/formal_languages/paper.yaml                 # for a GPU
@@ -41,7 +42,13 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, T
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.configuration_hf_attn import BLOCK_STYLES
-from hf_attn.data.formal_languages import LANGUAGES, FormalLanguageVocab, formal_language_dataset, sample_strings
+from hf_attn.data.formal_languages import (
+    LANGUAGES,
+    LTL_CLASSES,
+    FormalLanguageVocab,
+    formal_language_dataset,
+    sample_strings,
+)
 from hf_attn.experiments import (
     InMemoryDataset,
     Run,
@@ -258,6 +265,28 @@ def cell_summaries(results: list[dict], learning_rate: float | None = None) -> d
     return {key: cell_summary(runs) for key, runs in grouped.items()}
 
 
+RECOGNISED_CLASSES = {"global": {"LTL[P]"}, "local": {"LTL[Y]"}, "hybrid": {"LTL[P]", "LTL[Y]", "LTL[P,Y]"}}
+
+
+def predicted_recognition(language: str, variant: str) -> bool | None:
+    """Paper B's theory: whether `variant`'s heads can recognise `language` (None: the language is outside
+    LTL[P, Y], where no variant is guaranteed to). Expressivity only: a model that can may still not learn it."""
+    ltl_class = LTL_CLASSES[language]
+    if ltl_class not in RECOGNISED_CLASSES["hybrid"]:
+        return None
+    return ltl_class in RECOGNISED_CLASSES[variant.split("-")[0]]
+
+
+def prediction_cell(language: str, variant: str, stats: dict) -> str:
+    """What Paper B predicts for a cell and whether our runs agree (recognised: one run perfect at every length)."""
+    predicted = predicted_recognition(language, variant)
+    recognised = stats["perfect_runs"] > 0
+    runs = f"{stats['perfect_runs']} of {stats['runs']} perfect"
+    if predicted is None:
+        return f"no guarantee; {runs}"
+    return f"{'can' if predicted else 'cannot'}; {runs}" + ("" if predicted == recognised else " (differs)")
+
+
 def _cell(stats: dict) -> str:
     return (
         f"{stats['mean_accuracy']:.3f} ({stats['min_accuracy']:.2f}-{stats['max_accuracy']:.2f}) / "
@@ -300,6 +329,15 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     for positions in encodings:
         cells, accuracy = _grids(summaries, variants, languages, lambda v, lang, p=positions: (lang, p, v))
         overall += [f"## position encoding `{positions}`: variants by language", grid_table(cells, "variant")]
+        predictions: dict[str, dict[str, str]] = {variant: {} for variant in variants}
+        for variant, lang in itertools.product(variants, languages):
+            stats = summaries[lang, positions, variant]
+            predictions[variant][f"{lang} ({LTL_CLASSES[lang]})"] = prediction_cell(lang, variant, stats)
+        overall += [
+            f"### What Paper B predicts, position encoding `{positions}`: can the variant recognise the language, "
+            "and how many of our runs did (perfect at every test length); `(differs)` marks a disagreement",
+            grid_table(predictions, "variant"),
+        ]
         plot_heatmap(accuracy, output_dir / f"accuracy_{positions}.png", f"mean test accuracy, positions {positions}")
     report = "\n\n".join(overall) + "\n"
     (output_dir / "results.md").write_text(report)

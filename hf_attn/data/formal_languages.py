@@ -47,6 +47,17 @@ LANGUAGES = (
     "dyck2_bounded",
 )
 ALPHABETS = {language: "abc" for language in LANGUAGES} | {"right_deterministic_polynomial": "abcd"}
+# Paper B's class of each language: global heads recognise LTL[P], k-local heads LTL[Y], hybrids LTL[P, Y].
+LTL_CLASSES = {
+    "ends_with_a": "LTL[Y]",
+    "ends_with_ab": "LTL[Y]",
+    "starts_with_a": "LTL[P]",
+    "contains_a_then_b": "LTL[P]",
+    "ab_star": "LTL[P,Y]",
+    "contains_ab": "LTL[P,Y]",
+    "right_deterministic_polynomial": "outside LTL[P,Y]",
+    "dyck2_bounded": "outside LTL[P,Y]",
+}
 IGNORE_INDEX = -100  # labels skipped by the loss (transformers' convention)
 A, B, C, D = 0, 1, 2, 3  # symbol ids within an alphabet; for the polynomial B is b0, C is b1, D is neutral
 
