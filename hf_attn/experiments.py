@@ -25,7 +25,7 @@ import torch
 from accelerate import PartialState
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -137,9 +137,10 @@ class Run:
             logger.warning(f"{self.folder}: no complete checkpoint left, training from the start.")
         return None
 
-    def train(self, trainer: Trainer, resume: bool) -> dict[str, float | None]:
+    def train(self, trainer: Trainer, resume: bool) -> dict:
         """Trains, from the newest complete checkpoint when resuming; returns the whole run's `train_loss` (mean
-        per-step loss) and `train_seconds`, summed over every session that led to the final model.
+        per-step loss) and `train_seconds`, summed over every session that led to the final model, and its
+        `loss_curve` (see `loss_curve`).
 
         A finished run is not trained again (its results are only re-evaluated): its kept model is loaded and its
         recorded training returned.
@@ -147,7 +148,7 @@ class Run:
         if self.finished:
             load_model(trainer.model, self.model_folder / "model.safetensors")
             recorded = self.read_results()
-            return {name: recorded[name] for name in ("train_loss", "train_seconds")}
+            return {name: recorded.get(name) for name in ("train_loss", "train_seconds", "loss_curve")}
         checkpoint = self.checkpoint_to_resume(resume)
         if checkpoint is None and is_main_process():
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -155,7 +156,7 @@ class Run:
         totals = RunTotals(trainer)
         trainer.add_callback(totals)
         output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        return totals.whole_run(output, trainer.state.global_step)
+        return totals.whole_run(output, trainer.state.global_step) | {"loss_curve": loss_curve(trainer.state)}
 
     def write_results(self, results: dict, replace: bool = False) -> None:
         """Written atomically, so a crash never leaves a half-written file that counts as finished, and only once:
@@ -172,6 +173,12 @@ class Run:
 
     def read_results(self) -> dict:
         return json.loads(self.results_file.read_text())
+
+
+def loss_curve(state: TrainerState) -> list[list[float]]:
+    """[step, logged training loss] of every log: Trainer keeps the log history in its checkpoints, so a resumed
+    run's curve starts at step 1 too. Shows whether a run was still learning or stuck on a plateau."""
+    return [[entry["step"], entry["loss"]] for entry in state.log_history if "loss" in entry]
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
@@ -547,6 +554,28 @@ def plot_bars(summary: dict[str, dict[str, dict[str, float]]], path: Path, title
     plt.close(figure)
 
 
+def plot_loss_curves(curves: dict[str, list[list[list[float]]]], path: Path, title: str) -> None:
+    """Training loss against step: one colour per label (a variant), one line per run (a seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for index, (label, runs) in enumerate(curves.items()):
+        for run_index, curve in enumerate(runs):
+            steps, losses = zip(*curve, strict=True) if curve else ((), ())
+            axes.plot(steps, losses, color=f"C{index % 10}", alpha=0.8, label=label if run_index == 0 else None)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("training loss")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def write_report(
     folder: Path,
     heading: str,
@@ -628,6 +657,7 @@ def plot_heatmap(values: dict[str, dict[str, float]], path: Path, title: str, vm
 __all__ = [
     "Run",
     "RunTotals",
+    "loss_curve",
     "checkpoint_problem",
     "safetensors_problem",
     "InMemoryDataset",
@@ -649,6 +679,7 @@ __all__ = [
     "markdown_table",
     "plot_metric",
     "plot_bars",
+    "plot_loss_curves",
     "summarize",
     "write_report",
     "grid_table",

@@ -26,10 +26,13 @@ def test_every_config_parses(config):
     assert all(wikitext.parse_variant(v) for v in experiment.variants)
 
 
-def test_tiny_run_writes_results_table_and_bar_plot(tmp_path):
-    wikitext.main([CONFIG, "--output_dir", str(tmp_path), "--variants", "global", "hybrid-1", *TINY])
+def test_tiny_run_writes_results_table_bar_plot_and_loss_curves(tmp_path):
+    wikitext.main([CONFIG, "--output_dir", str(tmp_path), "--variants", "global", "hybrid-1", *TINY,
+                   "--logging_steps", "2"])  # fmt: skip
     for variant in ("global", "hybrid-1"):
         results = json.loads((tmp_path / "learned" / variant / "seed-0" / "results.json").read_text())
+        steps, losses = zip(*results["loss_curve"], strict=True)  # 2,048 tokens / 32 = 64 blocks, batch 8: 8 steps
+        assert steps == (2, 4, 6, 8) and all(0 < loss < 20 for loss in losses)
         scores = results["by_scale"][variant]
         assert scores["tokens"] == 511 and scores["perplexity"] > 1
         assert "REDUCED PROTOCOL" in results["protocol"]
@@ -49,6 +52,7 @@ def test_tiny_run_writes_results_table_and_bar_plot(tmp_path):
     report = (tmp_path / "results.md").read_text()
     assert "REDUCED PROTOCOL" in report and "| variant | learned mean | learned median |" in report
     assert (tmp_path / "perplexity.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_variants_have_the_same_parameter_count(tmp_path):

@@ -33,6 +33,7 @@ from hf_attn.experiments import (
     markdown_table,
     perplexity,
     plot_bars,
+    plot_loss_curves,
     run_arguments,
 )
 from training.common import (
@@ -173,12 +174,14 @@ def main(argv: list[str] | None = None) -> None:
     claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
     data = load_data(experiment, model_args)
     say(data["description"])
-    results = []
+    results, curves = [], {}
     for positions, group in runs.items():
         train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
                                   model_args=model_args, training_args=training_args)  # fmt: skip
-        # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
-        results += [{**result, "model": positions} for result in run_all(group, train, training_args, experiment)]
+        for result in run_all(group, train, training_args, experiment):
+            curves.setdefault(f"{result['model']}, {positions}", []).append(result.get("loss_curve") or [])
+            # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
+            results.append({**result, "model": positions})
     if not is_main_process():
         return
     summary = aggregate(results, "perplexity")
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ]) + "\n"  # fmt: skip
     (output_dir / "results.md").write_text(report)
     plot_bars(summary, output_dir / "perplexity.png", "WikiText-2 perplexity", "perplexity (lower is better)")
+    plot_loss_curves(curves, output_dir / "loss.png", "WikiText-2 training loss (a line per run)")
     print(report)
 
 
