@@ -52,3 +52,15 @@ def test_committed_reports_are_the_committed_results(name, tmp_path):
     assert reports_md, f"no report in docs/results/{name}"
     for path in reports_md:
         assert filecmp.cmp(copy / path, reports.DOCS / name / path, shallow=False), f"{name}/{path} is stale"
+
+
+def test_runs_of_several_commands_report_as_one_experiment():
+    """Two commands, each on a subset of the languages (run in parallel), make one experiment in canonical order."""
+    def result(languages, variants):
+        experiment = {"languages": languages, "variants": variants, "seeds": [0], "test_max_length": 500}
+        return {"experiment": "formal_languages", "config": {"experiment": experiment}}
+
+    results = [result(["dyck2_bounded", "ab_star"], ["hybrid-1", "global"]), result(["ends_with_a"], ["global"])]
+    experiment = reports.experiment_of(reports.FAMILIES["formal_languages"], results)
+    assert experiment.languages == ["ends_with_a", "ab_star", "dyck2_bounded"]
+    assert experiment.variants == ["global", "hybrid-1"] and experiment.test_max_length == 500

@@ -302,6 +302,22 @@ def _grids(summaries: dict, rows: list[str], columns: list[str], key) -> tuple[d
     return cells, accuracy
 
 
+def encoding_tables(summaries: dict, variants: list[str], languages: list[str], positions: str) -> str:
+    """Two markdown tables for one position encoding, variants by language: the cells, then Paper B's predictions
+    beside how many of our runs recognised each language."""
+    cells, _ = _grids(summaries, variants, languages, lambda v, lang: (lang, positions, v))
+    predictions: dict[str, dict[str, str]] = {variant: {} for variant in variants}
+    for variant, language in itertools.product(variants, languages):
+        stats = summaries[language, positions, variant]
+        predictions[variant][f"{language} ({LTL_CLASSES[language]})"] = prediction_cell(language, variant, stats)
+    return "\n\n".join([
+        grid_table(cells, "variant"),
+        "What Paper B's theory predicts (can the variant recognise the language?) and how many of our runs did "
+        "(perfect at every test length); `(differs)` marks a disagreement:",
+        grid_table(predictions, "variant"),
+    ])  # fmt: skip
+
+
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """Per language: results.md (rows variants, columns encodings) and accuracy.png; the same across languages."""
     summaries = cell_summaries(results)
@@ -327,17 +343,8 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         (output_dir / language / "results.md").write_text("\n\n".join(sections) + "\n")
         plot_heatmap(accuracy, output_dir / language / "accuracy.png", f"{language}: mean test accuracy")
     for positions in encodings:
-        cells, accuracy = _grids(summaries, variants, languages, lambda v, lang, p=positions: (lang, p, v))
-        overall += [f"## position encoding `{positions}`: variants by language", grid_table(cells, "variant")]
-        predictions: dict[str, dict[str, str]] = {variant: {} for variant in variants}
-        for variant, lang in itertools.product(variants, languages):
-            stats = summaries[lang, positions, variant]
-            predictions[variant][f"{lang} ({LTL_CLASSES[lang]})"] = prediction_cell(lang, variant, stats)
-        overall += [
-            f"### What Paper B predicts, position encoding `{positions}`: can the variant recognise the language, "
-            "and how many of our runs did (perfect at every test length); `(differs)` marks a disagreement",
-            grid_table(predictions, "variant"),
-        ]
+        overall += [f"## position encoding `{positions}`", encoding_tables(summaries, variants, languages, positions)]
+        _, accuracy = _grids(summaries, variants, languages, lambda v, lang, p=positions: (lang, p, v))
         plot_heatmap(accuracy, output_dir / f"accuracy_{positions}.png", f"mean test accuracy, positions {positions}")
     report = "\n\n".join(overall) + "\n"
     (output_dir / "results.md").write_text(report)

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_attn.experiments import aggregate, collapse_summary, format_value, is_collapsed
-from training import algorithmic, baseline_learning_rate, induction, mixed
+from training import algorithmic, baseline_learning_rate, formal_languages, induction, mixed
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
-FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction}
+FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction, "formal_languages": formal_languages}
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
 
@@ -30,11 +30,24 @@ def load_results(folder: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("**/seed-*/results.json"))]
 
 
+def experiment_of(family, results: list[dict]):
+    """The experiment `results` make up together: the first run's arguments, with each field that only selects runs
+    (tasks, languages, variants, seeds, ...) the union over every run, in the order of the field's default list.
+    Runs made by several commands (e.g. one per subset of languages, in parallel) then report as one experiment."""
+    arguments = family.ExperimentArguments
+    record = dict(results[0]["config"]["experiment"])
+    for name in getattr(arguments, "run_fields", ()):
+        if isinstance(record.get(name), list):
+            default = getattr(arguments(), name)
+            values = dict.fromkeys(value for result in results for value in result["config"]["experiment"][name])
+            record[name] = sorted(values, key=lambda v: default.index(v) if v in default else len(default))
+    return arguments(**record)
+
+
 def write_family_reports(folder: Path) -> None:
     results = load_results(folder)
     family = FAMILIES[results[0]["experiment"]]
-    experiment = family.ExperimentArguments(**results[0]["config"]["experiment"])
-    family.write_reports(folder, results, experiment)
+    family.write_reports(folder, results, experiment_of(family, results))
 
 
 def median(summary: dict, model: str, row: str) -> float:
