@@ -56,6 +56,7 @@ def test_committed_reports_are_the_committed_results(name, tmp_path):
 
 def test_runs_of_several_commands_report_as_one_experiment():
     """Two commands, each on a subset of the languages (run in parallel), make one experiment in canonical order."""
+
     def result(languages, variants):
         experiment = {"languages": languages, "variants": variants, "seeds": [0], "test_max_length": 500}
         return {"experiment": "formal_languages", "config": {"experiment": experiment}}
