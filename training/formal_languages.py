@@ -269,12 +269,20 @@ RECOGNISED_CLASSES = {"global": {"LTL[P]"}, "local": {"LTL[Y]"}, "hybrid": {"LTL
 
 
 def predicted_recognition(language: str, variant: str) -> bool | None:
-    """Paper B's theory: whether `variant`'s heads can recognise `language` (None: the language is outside
-    LTL[P, Y], where no variant is guaranteed to). Expressivity only: a model that can may still not learn it."""
+    """Paper B's theory: whether `variant`'s heads can recognise `language`, or None where it does not say.
+
+    Global heads give LTL[P], 1-local heads LTL[Y], hybrid-1 LTL[P, Y]. A wider window gives LTL[Y<=k], weaker than
+    LTL[Y] (1-local is the most expressive window): it still cannot do what 1-local cannot, but whether it keeps a
+    given LTL[Y] language is open. Languages outside LTL[P, Y] have no guarantee. Expressivity only: a model that
+    can may still not learn the language.
+    """
     ltl_class = LTL_CLASSES[language]
+    kind, _, window = variant.partition("-")
     if ltl_class not in RECOGNISED_CLASSES["hybrid"]:
         return None
-    return ltl_class in RECOGNISED_CLASSES[variant.split("-")[0]]
+    if ltl_class not in RECOGNISED_CLASSES[kind]:
+        return False
+    return None if "Y" in ltl_class and window != "1" else True
 
 
 def prediction_cell(language: str, variant: str, stats: dict) -> str:
@@ -283,7 +291,8 @@ def prediction_cell(language: str, variant: str, stats: dict) -> str:
     recognised = stats["perfect_runs"] > 0
     runs = f"{stats['perfect_runs']} of {stats['runs']} perfect"
     if predicted is None:
-        return f"no guarantee; {runs}"
+        reason = "open for k > 1" if LTL_CLASSES[language] in RECOGNISED_CLASSES["hybrid"] else "no guarantee"
+        return f"{reason}; {runs}"
     return f"{'can' if predicted else 'cannot'}; {runs}" + ("" if predicted == recognised else " (differs)")
 
 
