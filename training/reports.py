@@ -21,6 +21,8 @@ from training import algorithmic, baseline_learning_rate, formal_languages, indu
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
+PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu")
+PUBLISHED = (*PAPER_A, "formal_languages_table_cpu")  # the folders of docs/results whose reports this rewrites
 FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction, "formal_languages": formal_languages}
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
@@ -114,6 +116,14 @@ def induction_table() -> str:
     return "\n".join(lines) + "\n\n" + collapse_summary(results)
 
 
+def formal_languages_table() -> str:
+    """Paper B's main table (no position encoding) from the CPU runs, with its predictions beside."""
+    results = load_results(DOCS / "formal_languages_table_cpu")
+    experiment = experiment_of(formal_languages, results)
+    summaries = formal_languages.cell_summaries(results)
+    return formal_languages.encoding_tables(summaries, experiment.variants, experiment.languages, "none")
+
+
 def gpt2_pretraining_text() -> str:
     """What the offline GPT-2 baseline is, from its pretraining record."""
     run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
@@ -141,7 +151,7 @@ def run_times_table() -> str:
     """Training time per run (evaluation excluded) and the load the machine was under when each run ended."""
     lines = ["| experiment | runs | training, all runs | per run (min - max) | 1-minute load when runs ended |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for name in ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu"):
+    for name in PAPER_A:
         results = load_results(DOCS / name)
         seconds = [r["train_seconds"] for r in results]
         loads = [r["machine"]["load_average"][0] for r in results]
@@ -162,6 +172,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "paper-a-run-times": run_times_table,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
+    "formal-languages": formal_languages_table,
 }
 
 
@@ -178,10 +189,12 @@ def splice_tables(text: str) -> str:
 
 
 def publish(output_dir: Path, name: str) -> None:
-    """Copies an experiment's results (no weights, no checkpoints) into docs/results/NAME."""
+    """Copies an experiment's results into docs/results/NAME: no weights, checkpoints or locks, and no settings.json
+    (results.json holds the same as `config`)."""
     target = DOCS / name
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(output_dir, target, ignore=shutil.ignore_patterns("model", "checkpoint-*", "runs"))
+    left_out = shutil.ignore_patterns("model", "checkpoint-*", "runs", "settings.json", "*.lock")
+    shutil.copytree(output_dir, target, ignore=left_out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for output_dir, name in args.publish:
         publish(Path(output_dir), name)
-    for name in ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu"):
+    for name in PUBLISHED:
         write_family_reports(DOCS / name)
     README.write_text(splice_tables(README.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md")
