@@ -408,6 +408,19 @@ def is_collapsed(result: dict) -> bool:
     return bool(result.get("collapse", {}).get("collapsed", False))
 
 
+def unigram_nll(reference_ids, scored_ids, vocab_size: int) -> float:
+    """Mean NLL of `scored_ids` under the token frequencies of `reference_ids` (add-one smoothed over `vocab_size`):
+    the best a language model that ignores its context can do, where a run that learned nothing from it plateaus."""
+    counts = np.bincount(np.asarray(reference_ids), minlength=vocab_size) + 1.0
+    log_probabilities = np.log(counts) - math.log(counts.sum())
+    return float(-log_probabilities[np.asarray(scored_ids)].mean())
+
+
+def plateau_exit_step(curve: list[list[float]], plateau_loss: float, tolerance: float = COLLAPSE_TOLERANCE):
+    """The first logged step whose training loss is more than `tolerance` below `plateau_loss` (None: never)."""
+    return next((int(step) for step, loss in curve if loss < (1 - tolerance) * plateau_loss), None)
+
+
 @torch.no_grad()
 def perplexity(model, token_ids, context_length: int, stride: int, batch_size: int = 8) -> dict[str, float]:
     """exp(mean token NLL) over one token stream, every token but the first predicted exactly once.
@@ -554,23 +567,33 @@ def plot_bars(summary: dict[str, dict[str, dict[str, float]]], path: Path, title
     plt.close(figure)
 
 
-def plot_loss_curves(curves: dict[str, list[list[list[float]]]], path: Path, title: str) -> None:
-    """Training loss against step: one colour per label (a variant), one line per run (a seed)."""
+def plot_loss_curves(
+    panels: dict[str, dict[str, list[list[list[float]]]]], path: Path, title: str, plateau: float | None = None
+) -> None:
+    """Training loss against step, a panel per key of `panels` (a position encoding) side by side on one y-axis: one
+    colour per label (a variant, the same in every panel), one line per run (a seed). `plateau`, a loss drawn as a
+    dashed line (e.g. the unigram model's), shows which runs were stuck on it and for how long."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for index, (label, runs) in enumerate(curves.items()):
-        for run_index, curve in enumerate(runs):
-            steps, losses = zip(*curve, strict=True) if curve else ((), ())
-            axes.plot(steps, losses, color=f"C{index % 10}", alpha=0.8, label=label if run_index == 0 else None)
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel("training loss")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 1, 4.5), sharey=True, squeeze=False)
+    for axis, (panel, curves) in zip(axes[0], panels.items(), strict=True):
+        for label, runs in curves.items():
+            for run_index, curve in enumerate(runs):
+                steps, losses = zip(*curve, strict=True) if curve else ((), ())
+                axis.plot(steps, losses, color=f"C{labels.index(label) % 10}", alpha=0.8,
+                          label=label if run_index == 0 else None)  # fmt: skip
+        if plateau is not None:
+            axis.axhline(plateau, color="grey", linestyle="--", linewidth=1, label="unigram model")
+        axis.set_title(panel)
+        axis.set_xlabel("optimizer step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    axes[0][0].set_ylabel("training loss")
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -673,6 +696,8 @@ __all__ = [
     "input_blind_error_rate",
     "collapse_check",
     "is_collapsed",
+    "unigram_nll",
+    "plateau_exit_step",
     "perplexity",
     "aggregate",
     "format_value",

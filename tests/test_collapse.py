@@ -12,6 +12,8 @@ from hf_attn.experiments import (
     input_blind_error_rate,
     input_blind_mse,
     markdown_table,
+    plateau_exit_step,
+    unigram_nll,
     write_report,
 )
 
@@ -42,6 +44,23 @@ def test_collapse_check_flags_errors_within_tolerance_of_the_input_blind_predict
     assert collapse_check(0.754, 0.776, "mse")["collapsed"]  # the cumulative-median run
     assert not collapse_check(0.005, 0.776, "mse")["collapsed"]
     assert not collapse_check(0.70, 0.776, "mse")["collapsed"]  # 10% better than blind: it learned something
+
+
+def test_unigram_nll_is_the_smoothed_frequency_models_loss_token_by_token():
+    reference, scored = [0, 0, 1, 2, 2, 2], [2, 0, 3]  # token 3 never seen: add-one smoothing keeps it finite
+    vocab = 5
+    probability = {t: (reference.count(t) + 1) / (len(reference) + vocab) for t in range(vocab)}
+    expected = -sum(math.log(probability[t]) for t in scored) / len(scored)
+    assert unigram_nll(reference, scored, vocab) == pytest.approx(expected)
+    assert unigram_nll(np.array(reference), np.array(scored), vocab) == pytest.approx(expected)
+
+
+def test_plateau_exit_step_is_the_first_log_clearly_below_the_plateau():
+    curve = [[50, 7.6], [100, 7.3], [150, 7.2], [200, 6.8], [250, 6.1]]
+    assert plateau_exit_step(curve, 7.4) == 200  # 7.2 is within 5% of 7.4, 6.8 is not
+    assert plateau_exit_step(curve, 7.4, tolerance=0.01) == 100  # 7.3 < 0.99 * 7.4
+    assert plateau_exit_step(curve[:3], 7.4) is None
+    assert plateau_exit_step([], 7.4) is None
 
 
 def result(model, seed, mse, collapsed):

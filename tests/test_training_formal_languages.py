@@ -86,6 +86,23 @@ def test_cells_aggregate_every_seed_and_learning_rate_as_paper_b():
     assert at_rate["runs"] == 2 and at_rate["perfect_runs"] == 0 and at_rate["mean_accuracy"] == pytest.approx(0.85)
 
 
+def test_settings_table_puts_each_settings_runs_of_a_cell_side_by_side():
+    def result(model, accuracy, longest):
+        return dict(language="ab_star", positions="none", model=model, learning_rate=1e-3, seed=0,
+                    by_scale={"500": {"accuracy": accuracy}}, mean_accuracy=accuracy,
+                    longest_perfect_length=longest)  # fmt: skip
+
+    table = formal.settings_table(
+        {"short": [result("hybrid-1", 0.7, 92), result("global", 0.5, 2)], "long": [result("hybrid-1", 1.0, 500)]},
+        ["ab_star"], ["global", "hybrid-1"],
+    )  # fmt: skip
+    lines = table.splitlines()
+    assert lines[0] == "| language / variant | Paper B | short | long |"
+    assert lines[2] == "| ab_star / global | cannot | 0.500 (0.50-0.50) / 2 (max 2) / 0 of 1 | not run |"
+    assert lines[3].startswith("| ab_star / hybrid-1 | can | 0.700 (0.70-0.70) / 92 (max 92) / 0 of 1 | 1.000")
+    assert lines[3].endswith("/ 500 (max 500) / 1 of 1 |")
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

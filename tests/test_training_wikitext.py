@@ -1,6 +1,7 @@
 """training/wikitext.py end to end on a few thousand tokens of the offline WikiText-2 files."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,15 @@ def test_tiny_run_writes_results_table_bar_plot_and_loss_curves(tmp_path):
         assert steps == (2, 4, 6, 8) and all(0 < loss < 20 for loss in losses)
         scores = results["by_scale"][variant]
         assert scores["tokens"] == 511 and scores["perplexity"] > 1
+        # The context-blind reference: a tiny model trained for 8 steps has not beaten it, and is flagged.
+        unigram = results["unigram"]
+        assert unigram["test_perplexity"] > 1 and 0 < unigram["train_loss"] < math.log(
+            len(AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer"))
+        )
+        assert results["collapse"]["input_blind_error"] == unigram["test_perplexity"]
+        assert results["collapse"]["collapsed"] == (scores["perplexity"] >= 0.95 * unigram["test_perplexity"])
+        left = results["left_unigram_plateau_at"]
+        assert left is None or left in steps
         assert "REDUCED PROTOCOL" in results["protocol"]
         assert AutoModelForCausalLM.from_pretrained(
             tmp_path / "learned" / variant / "seed-0" / "model"
@@ -50,7 +60,8 @@ def test_tiny_run_writes_results_table_bar_plot_and_loss_curves(tmp_path):
     expected = model.generate(**prompt, max_new_tokens=6, do_sample=False)
     assert generated[0]["generated_text"] == tokenizer.decode(expected[0])
     report = (tmp_path / "results.md").read_text()
-    assert "REDUCED PROTOCOL" in report and "| variant | learned mean | learned median |" in report
+    assert "REDUCED PROTOCOL" in report and "| variant | learned |" in report
+    assert "| global | learned | 0 |" in report and "| hybrid-1 | learned | 0 |" in report  # a row per run
     assert (tmp_path / "perplexity.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -379,3 +379,20 @@ def write_task_reports(output_dir: Path, results: list[dict], heading: Callable[
         write_report(output_dir / task, heading(task), [r for r in results if r["task"] == task], metrics)
         for task in tasks
     )
+
+
+def load_results(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("**/seed-*/results.json"))]
+
+
+def experiment_of(arguments: type, results: list[dict]):
+    """The experiment `results` make up together: the first run's arguments, with each field that only selects runs
+    (tasks, languages, variants, seeds, ...) the union over every run, in the order of the field's default list.
+    Runs made by several commands (e.g. one per subset of languages, in parallel) then report as one experiment."""
+    record = dict(results[0]["config"]["experiment"])
+    for name in getattr(arguments, "run_fields", ()):
+        if isinstance(record.get(name), list):
+            default = getattr(arguments(), name)
+            values = dict.fromkeys(value for result in results for value in result["config"]["experiment"][name])
+            record[name] = sorted(values, key=lambda v: default.index(v) if v in default else len(default))
+    return arguments(**record)

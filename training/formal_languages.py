@@ -327,6 +327,21 @@ def encoding_tables(summaries: dict, variants: list[str], languages: list[str], 
     ])  # fmt: skip
 
 
+def settings_table(by_setting: dict[str, list[dict]], languages: list[str], variants: list[str]) -> str:
+    """The same (language, variant) cells trained under several settings (a column each, no position encoding),
+    beside Paper B's prediction: whether a disagreement goes away with longer training or a larger model."""
+    summaries = {setting: cell_summaries(results) for setting, results in by_setting.items()}
+    verdicts = {True: "can", False: "cannot", None: "no guarantee"}
+    cells = {}
+    for language, variant in itertools.product(languages, variants):
+        row = {"Paper B": verdicts[predicted_recognition(language, variant)]}
+        for setting, summary in summaries.items():
+            stats = summary.get((language, "none", variant))
+            row[setting] = _cell(stats) if stats else "not run"
+        cells[f"{language} / {variant}"] = row
+    return grid_table(cells, "language / variant")
+
+
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """Per language: results.md (rows variants, columns encodings) and accuracy.png; the same across languages."""
     summaries = cell_summaries(results)

@@ -16,40 +16,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_attn.experiments import aggregate, collapse_summary, format_value, is_collapsed
-from training import algorithmic, baseline_learning_rate, formal_languages, induction, mixed
+from training import algorithmic, baseline_learning_rate, formal_languages, induction, mixed, wikitext
+from training.common import experiment_of, load_results
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
 PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu")
-PUBLISHED = (*PAPER_A, "formal_languages_table_cpu")  # the folders of docs/results whose reports this rewrites
-FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction, "formal_languages": formal_languages}
+FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
+                 "4x longer: 2,000 steps": "formal_languages_check_longer",
+                 "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
+PAPER_B = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
+           "formal_languages_check_paper_size")  # fmt: skip
+PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
+FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction, "formal_languages": formal_languages,
+            "wikitext": wikitext}  # fmt: skip
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
-
-
-def load_results(folder: Path) -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("**/seed-*/results.json"))]
-
-
-def experiment_of(family, results: list[dict]):
-    """The experiment `results` make up together: the first run's arguments, with each field that only selects runs
-    (tasks, languages, variants, seeds, ...) the union over every run, in the order of the field's default list.
-    Runs made by several commands (e.g. one per subset of languages, in parallel) then report as one experiment."""
-    arguments = family.ExperimentArguments
-    record = dict(results[0]["config"]["experiment"])
-    for name in getattr(arguments, "run_fields", ()):
-        if isinstance(record.get(name), list):
-            default = getattr(arguments(), name)
-            values = dict.fromkeys(value for result in results for value in result["config"]["experiment"][name])
-            record[name] = sorted(values, key=lambda v: default.index(v) if v in default else len(default))
-    return arguments(**record)
 
 
 def write_family_reports(folder: Path) -> None:
     results = load_results(folder)
     family = FAMILIES[results[0]["experiment"]]
-    family.write_reports(folder, results, experiment_of(family, results))
+    family.write_reports(folder, results, experiment_of(family.ExperimentArguments, results))
 
 
 def median(summary: dict, model: str, row: str) -> float:
@@ -119,9 +108,28 @@ def induction_table() -> str:
 def formal_languages_table() -> str:
     """Paper B's main table (no position encoding) from the CPU runs, with its predictions beside."""
     results = load_results(DOCS / "formal_languages_table_cpu")
-    experiment = experiment_of(formal_languages, results)
+    experiment = experiment_of(formal_languages.ExperimentArguments, results)
     summaries = formal_languages.cell_summaries(results)
     return formal_languages.encoding_tables(summaries, experiment.variants, experiment.languages, "none")
+
+
+def formal_languages_positions_table() -> str:
+    """Paper B's other encodings (sinusoidal, RoPE) for k = 1, with the predictions beside: a table per encoding."""
+    results = load_results(DOCS / "formal_languages_positions_cpu")
+    experiment = experiment_of(formal_languages.ExperimentArguments, results)
+    summaries = formal_languages.cell_summaries(results)
+    return "\n\n".join(
+        f"Position encoding `{positions}`:\n\n"
+        + formal_languages.encoding_tables(summaries, experiment.variants, experiment.languages, positions)
+        for positions in experiment.position_embeddings
+    )
+
+
+def formal_languages_checks_table() -> str:
+    """The main table's disagreements with Paper B, trained longer and at Paper B's model size."""
+    by_setting = {setting: load_results(DOCS / name) for setting, name in FORMAL_CHECKS.items()}
+    checked = experiment_of(formal_languages.ExperimentArguments, by_setting["4x longer: 2,000 steps"])
+    return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
 
 
 def gpt2_pretraining_text() -> str:
@@ -147,11 +155,11 @@ def gpt2_learning_rate_table() -> str:
     )
 
 
-def run_times_table() -> str:
+def run_times_table(names: tuple[str, ...]) -> str:
     """Training time per run (evaluation excluded) and the load the machine was under when each run ended."""
     lines = ["| experiment | runs | training, all runs | per run (min - max) | 1-minute load when runs ended |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for name in PAPER_A:
+    for name in names:
         results = load_results(DOCS / name)
         seconds = [r["train_seconds"] for r in results]
         loads = [r["machine"]["load_average"][0] for r in results]
@@ -169,10 +177,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "mixed-min": lambda: mixed_table("min"),
     "mixed-sum": lambda: mixed_table("sum"),
     "induction": induction_table,
-    "paper-a-run-times": run_times_table,
+    "paper-a-run-times": lambda: run_times_table(PAPER_A),
+    "paper-b-run-times": lambda: run_times_table(PAPER_B),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "formal-languages": formal_languages_table,
+    "formal-languages-positions": formal_languages_positions_table,
+    "formal-languages-checks": formal_languages_checks_table,
 }
 
 

@@ -10,11 +10,13 @@ block_size - eval_stride tokens of context); see `hf_attn.experiments.perplexity
     python -m training.wikitext configs/wikitext/paper.yaml                  # online: Hub data and tokenizer
 
 Writes OUTPUT_DIR/POSITIONS/VARIANT/seed-S/{results.json, model/} per run and OUTPUT_DIR/{results.md,
-perplexity.png}. Offline without the train split, every output says REDUCED PROTOCOL (trained on validation,
-evaluated on test).
+perplexity.png, loss.png} over every run in OUTPUT_DIR. Offline without the train split, every output says REDUCED
+PROTOCOL (trained on validation, evaluated on test). A run whose test perplexity is within 5% of the unigram model's
+(which ignores the context) is flagged as collapsed and left out of the means.
 """
 
 import functools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -27,19 +29,27 @@ from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, toke
 from hf_attn.experiments import (
     InMemoryDataset,
     Run,
-    aggregate,
+    collapse_check,
+    collapse_summary,
     finish_run,
+    format_value,
+    grid_table,
+    is_collapsed,
     is_main_process,
-    markdown_table,
     perplexity,
+    plateau_exit_step,
     plot_bars,
     plot_loss_curves,
     run_arguments,
+    summarize,
+    unigram_nll,
 )
 from training.common import (
     claim_runs,
     cli,
+    experiment_of,
     invalid_configuration,
+    load_results,
     model_size_problems,
     parse_config,
     pretrained_problems,
@@ -133,10 +143,13 @@ def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, t
     scores = perplexity(
         model, data["eval_ids"], experiment.block_size, stride, training_args.per_device_eval_batch_size
     )
+    unigram = data["unigram"]
     return finish_run(
         trainer, run, totals, {run.model: scores}, experiment="wikitext", positions=positions,
         protocol=data["description"], context_length=experiment.block_size, eval_stride=stride,
-        tokenizer=data["tokenizer"],
+        tokenizer=data["tokenizer"], unigram=unigram,
+        collapse=collapse_check(scores["perplexity"], unigram["test_perplexity"], "perplexity"),
+        left_unigram_plateau_at=plateau_exit_step(totals["loss_curve"] or [], unigram["train_loss"]),
     )  # fmt: skip
 
 
@@ -155,13 +168,81 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
         if len(ids) < experiment.block_size:
             raise ValueError(f"{source} has {len(ids)} tokens, fewer than block_size={experiment.block_size}")
     train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
+    # The model that ignores context: a run within 5% of its test perplexity learned nothing from the context and
+    # is left out of the means (`collapse`); its training loss is the plateau a stuck run sits on.
+    unigram = {
+        "test_perplexity": math.exp(unigram_nll(train_ids, eval_ids[1:], vocab_size)),
+        "train_loss": unigram_nll(train_ids, train_ids, vocab_size),
+    }
     return {
         "train": train,
         "eval_ids": eval_ids,
         "vocab_size": vocab_size,
         "tokenizer": tokenizer,
         "description": splits.description,
+        "unigram": unigram,
     }
+
+
+def perplexity_table(results: list[dict], variants: list[str], encodings: list[str]) -> str:
+    """Test perplexity per variant (rows) and position encoding (columns): the mean over the runs kept, the lowest
+    and highest run, and how many runs (collapsed ones named below the table and left out of the mean)."""
+    cells = {}
+    for variant in variants:
+        for positions in encodings:
+            runs = [r for r in results if r["model"] == variant and r["positions"] == positions]
+            values = [r["by_scale"][variant]["perplexity"] for r in runs if not is_collapsed(r)]
+            if runs:
+                spread = f" ({format_value(min(values))}-{format_value(max(values))})" if len(values) > 1 else ""
+                mean = format_value(summarize(values)["mean"]) if values else "collapsed"
+                cells.setdefault(variant, {})[positions] = f"{mean}{spread}, {len(values)} of {len(runs)} runs"
+    return grid_table(cells, "variant")
+
+
+def runs_table(results: list[dict]) -> str:
+    """A row per run: what the means hide (a seed that trained far worse, a run that sat on the unigram plateau)."""
+    lines = ["| variant | positions | seed | test perplexity | training loss: mean, last logged | left the unigram "
+             "plateau at step | training time |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sorted(results, key=lambda r: (r["positions"], r["model"], r["seed"])):
+        steps = r["loss_curve"][-1][0] if r["loss_curve"] else "n/a"
+        left = r["left_unigram_plateau_at"]
+        lines.append(
+            f"| {r['model']} | {r['positions']} | {r['seed']} | {format_value(r['by_scale'][r['model']]['perplexity'])}"
+            f" | {r['train_loss']:.3f}, {r['loss_curve'][-1][1]:.3f} | {'never' if left is None else left} of "
+            f"{steps} | {r['train_seconds'] / 60:.1f} min |"
+        )
+    return "\n".join(lines)
+
+
+def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
+    """results.md (the perplexity table and a row per run), perplexity.png (bars) and loss.png (every run's training
+    loss, a panel per position encoding, the unigram plateau dashed)."""
+    encodings = [p for p in experiment.position_embeddings if any(r["positions"] == p for r in results)]
+    first = results[0]
+    unigram = first["unigram"]
+    report = "\n\n".join([
+        f"# WikiText-2 perplexity ({len(results)} runs)",
+        f"{first['protocol']}. Context {first['context_length']} tokens, evaluation stride {first['eval_stride']}. "
+        f"A model that ignores the context (unigram frequencies of the training tokens) has test perplexity "
+        f"{unigram['test_perplexity']:.0f} and training loss {unigram['train_loss']:.3f}.",
+        "## test perplexity by variant and position encoding: mean over runs (lowest-highest run)",
+        perplexity_table(results, experiment.variants, encodings),
+        collapse_summary(results),
+        "## every run",
+        runs_table(results),
+    ]) + "\n"  # fmt: skip
+    (output_dir / "results.md").write_text(report)
+    kept = [r for r in results if not is_collapsed(r)]
+    bars = {p: {v: summarize([r["by_scale"][v]["perplexity"] for r in kept if r["model"] == v and r["positions"] == p])
+                for v in experiment.variants if any(r["model"] == v and r["positions"] == p for r in kept)}
+            for p in encodings}  # fmt: skip
+    plot_bars(bars, output_dir / "perplexity.png", "WikiText-2 test perplexity, mean over runs", "perplexity")
+    panels = {p: {} for p in encodings}
+    for r in sorted(results, key=lambda r: experiment.variants.index(r["model"])):
+        panels[r["positions"]].setdefault(r["model"], []).append(r["loss_curve"])
+    plot_loss_curves(panels, output_dir / "loss.png", "WikiText-2 training loss, a line per run",
+                     plateau=unigram["train_loss"])  # fmt: skip
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,28 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
     data = load_data(experiment, model_args)
     say(data["description"])
-    results, curves = [], {}
     for positions, group in runs.items():
         train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
                                   model_args=model_args, training_args=training_args)  # fmt: skip
-        for result in run_all(group, train, training_args, experiment):
-            curves.setdefault(f"{result['model']}, {positions}", []).append(result.get("loss_curve") or [])
-            # Table: a row per variant (the run's `by_scale` key), a column per position encoding.
-            results.append({**result, "model": positions})
-    if not is_main_process():
-        return
-    summary = aggregate(results, "perplexity")
-    stride = experiment.eval_stride or experiment.block_size // 2
-    report = "\n\n".join([
-        f"# WikiText-2 perplexity ({len(results)} runs)",
-        f"{data['description']}. Context {experiment.block_size} tokens, evaluation stride {stride}.",
-        "## perplexity by variant (rows) and position encoding (columns), mean and median over seeds",
-        markdown_table(summary, "variant"),
-    ]) + "\n"  # fmt: skip
-    (output_dir / "results.md").write_text(report)
-    plot_bars(summary, output_dir / "perplexity.png", "WikiText-2 perplexity", "perplexity (lower is better)")
-    plot_loss_curves(curves, output_dir / "loss.png", "WikiText-2 training loss (a line per run)")
-    print(report)
+        run_all(group, train, training_args, experiment)
+    if is_main_process():  # every run in OUTPUT_DIR, e.g. cpu.yaml's and cpu_positions.yaml's, reports as one table
+        results = load_results(output_dir)
+        print(write_reports(output_dir, results, experiment_of(ExperimentArguments, results)))
 
 
 if __name__ == "__main__":
