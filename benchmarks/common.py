@@ -1,4 +1,4 @@
-"""What the end-to-end benchmarks share: the compared models at one shape, timing, and the machine's description.
+"""What the benchmarks share: the compared models at one shape, the masked-SDPA baseline, timing, tables, the machine.
 
 Every model has GPT-2's pre-LN block, learned positions and the same width, depth, heads and vocabulary, so the
 only difference is the attention. Dropout is off for all of them: with dropout, SDPA on CPU leaves its fused
@@ -8,6 +8,7 @@ kernel for the T x T math path, which would flatter us against GPT-2.
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,20 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn.attention_hf_attn import Visibility, masked_sdpa, visibility_mask
+from hf_attn.layers_hf_attn import HfAttnAttention
+
+
+def masked_local_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """The route transformers' sliding-window models take: SDPA over a full T x T band mask, O(T^2) whatever k.
+
+    hf_attn's local heads compute the same attention from the k (or k + 1) scores per query; this is what they are
+    measured against. Same arguments as `hf_attn.attention_hf_attn.local_attention`.
+    """
+    mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)  # (B|1, 1, T, S)
+    return masked_sdpa(q, k, v, mask, scale, dropout)
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,9 @@ class Shape:
     n_positions: int = 4096
 
 
+MASKED = " masked"  # a local model whose local heads run `masked_local_attention`
+COMPILED_KERNEL = " compiled kernel"  # a model whose local kernel alone runs under torch.compile
+
 # name -> hf_attn config fields; "gpt2" is transformers' GPT2LMHeadModel with SDPA.
 MODELS: dict[str, dict | None] = {
     "gpt2": None,
@@ -36,13 +54,13 @@ MODELS: dict[str, dict | None] = {
     "local-1": dict(model_type="local_gpt2", local_window=1),
     "local-4": dict(model_type="local_gpt2", local_window=4),
     "hybrid-1": dict(model_type="hybrid_gpt2", local_window=1),  # half the heads global, half 1-local
-    "local-1 masked": dict(model_type="local_gpt2", local_window=1, local_attention_impl="masked"),
-    "local-4 masked": dict(model_type="local_gpt2", local_window=4, local_attention_impl="masked"),
-    # The local kernel alone under torch.compile (`local_attention_impl="compiled"`): minutes of warm-up on a CPU.
-    "local-1 compiled kernel": dict(model_type="local_gpt2", local_window=1, local_attention_impl="compiled"),
-    "hybrid-1 compiled kernel": dict(model_type="hybrid_gpt2", local_window=1, local_attention_impl="compiled"),
+    "local-1" + MASKED: dict(model_type="local_gpt2", local_window=1),
+    "local-4" + MASKED: dict(model_type="local_gpt2", local_window=4),
+    # `local_attention_impl="compiled"`: minutes of warm-up on a CPU.
+    "local-1" + COMPILED_KERNEL: dict(model_type="local_gpt2", local_window=1, local_attention_impl="compiled"),
+    "hybrid-1" + COMPILED_KERNEL: dict(model_type="hybrid_gpt2", local_window=1, local_attention_impl="compiled"),
 }
-EAGER_MODELS = [name for name in MODELS if not name.endswith("compiled kernel")]
+EAGER_MODELS = [name for name in MODELS if not name.endswith(COMPILED_KERNEL)]
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
@@ -61,6 +79,10 @@ def build_model(name: str, shape: Shape, device: str = "cpu") -> PreTrainedModel
         if extra["model_type"] == "positional_gpt2":
             extra.update(positional_encoding_dim=shape.n_embd, positional_qk_dim=shape.n_embd // shape.n_head)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**extra, **fields))
+    if name.endswith(MASKED):
+        for attention in model.modules():
+            if isinstance(attention, HfAttnAttention):
+                attention.local_impl = masked_local_attention
     return model.to(device)
 
 
@@ -80,6 +102,27 @@ def timed(fn: Callable[[], object], device: str) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def attempt(measure: Callable[..., object], *args) -> object:
+    """`measure(*args)`, or a short 'error: ...' for its table cell (the full message goes to stderr)."""
+    try:
+        return measure(*args)
+    except Exception as error:  # one failed figure (out of memory, a backend missing) must not end the table
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return f"error: {type(error).__name__}" + (" (out of memory)" if "out of memory" in str(error) else "")
+
+
+def print_header(*columns: str) -> None:
+    """A Markdown table's header, after a blank line (the notes above it must not run into it)."""
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns), flush=True)
+
+
+def print_row(*cells: object) -> None:
+    print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
 
 
 def describe_machine(device: str) -> str:

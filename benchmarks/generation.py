@@ -7,19 +7,19 @@ the last step. A local-only model keeps the last k keys and values per layer, so
 grow with L; GPT-2 (and the hybrid's global heads) keep every token. Models run interleaved within each L, one
 instance per model for every L.
 
-    python benchmarks/generation.py                                   # L in {512, ..., 8192}, 32 new tokens
-    python benchmarks/generation.py --contexts 1024 4096 --models local-1 gpt2
-    python benchmarks/generation.py --device cuda
-    python benchmarks/generation.py --contexts 16 32 --new-tokens 3 --n-layer 1 --n-embd 32 --n-head 4 --vocab-size 100
+    python -m benchmarks.generation                                   # L in {512, ..., 8192}, 32 new tokens
+    python -m benchmarks.generation --contexts 1024 4096 --models local-1 gpt2
+    python -m benchmarks.generation --device cuda
+    python -m benchmarks.generation --contexts 16 32 --new-tokens 3 --n-layer 1 --n-embd 32 --n-head 4 --vocab-size 100
 """
 
 import argparse
 import inspect
 
 import torch
-from common import Shape, build_model, describe_machine, median, timed
 from transformers import PreTrainedModel
 
+from benchmarks.common import Shape, build_model, describe_machine, median, print_header, print_row, timed
 from hf_attn import HeadKindCache
 
 GENERATION_MODELS = ["local-1", "local-4", "hybrid-1", "gpt2"]
@@ -73,8 +73,11 @@ def mib(num_bytes: int) -> str:
     return f"{num_bytes / 2**20:.4g}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.generation", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192], help="prompt lengths")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per context (the first is warm-up)")
     parser.add_argument(
@@ -88,67 +91,39 @@ def main() -> None:
     parser.add_argument("--n-embd", type=int, default=defaults.n_embd)
     parser.add_argument("--n-head", type=int, default=defaults.n_head)
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2 (the first step is warm-up)")
     if min(args.contexts) < 1:
         parser.error("--contexts must be positive")
-    contexts = sorted(set(args.contexts))
-    names = list(dict.fromkeys(args.models))
-    shape = Shape(
-        n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
-        n_positions=contexts[-1] + args.new_tokens,
-    )  # fmt: skip
+    args.contexts = sorted(set(args.contexts))
+    args.models = list(dict.fromkeys(args.models))
+    return args
 
-    models = {}
-    generator = torch.Generator().manual_seed(args.seed)
-    warm_up = torch.randint(0, shape.vocab_size, (1, contexts[0]), generator=generator).to(args.device)
-    for name in names:
-        torch.manual_seed(args.seed)
-        models[name] = build_model(name, shape, args.device).eval()
-        decode(models[name], warm_up, args.new_tokens, args.device)  # first calls are slow: not in the figures
 
-    print(f"# {describe_machine(args.device)}")
+def print_notes(shape: Shape, args) -> None:
+    print(f"> {describe_machine(args.device)}")
     print(
-        f"# {shape.n_layer} layers, width {shape.n_embd}, {shape.n_head} heads, vocab {shape.vocab_size}, "
+        f"> {shape.n_layer} layers, width {shape.n_embd}, {shape.n_head} heads, vocab {shape.vocab_size}, "
         f"n_positions {shape.n_positions}, fp32, batch 1, seed {args.seed}"
     )
     print(
-        f"# per context L: prefill L random tokens in one forward (use_cache=True), then decode {args.new_tokens} "
+        f"> per context L: prefill L random tokens in one forward (use_cache=True), then decode {args.new_tokens} "
         "tokens greedily, one single-token forward each on the cache;"
     )
     print(
-        f"# ms/token = median of steps 2..{args.new_tokens} (step 1 is warm-up); cache = bytes of cached keys and "
+        f"> ms/token = median of steps 2..{args.new_tokens} (step 1 is warm-up); cache = bytes of cached keys and "
         "values after the last step;"
     )
-    print(f"# models interleaved within each L, each first warmed up by one untimed run at L = {contexts[0]}")
-    print("# ratios: ms/token over the reference's (below 1: faster)")
-    header = "| model | context | ms/token | vs own at shortest context | vs gpt2 at this context | cache MiB |"
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1), flush=True)
+    print(f"> models interleaved within each L, each first warmed up by one untimed run at L = {args.contexts[0]}")
+    print("> ratios: ms/token over the reference's (below 1: faster)")
 
-    latency: dict[str, dict[int, float]] = {name: {} for name in names}
-    memory: dict[str, dict[int, int]] = {name: {} for name in names}
-    for length in contexts:
-        prompt = torch.randint(0, shape.vocab_size, (1, length), generator=generator).to(args.device)
-        for name in names:
-            latency[name][length], memory[name][length] = decode(models[name], prompt, args.new_tokens, args.device)
-        gpt2 = latency["gpt2"][length] if "gpt2" in names else None
-        for name in names:
-            seconds = latency[name][length]
-            own = latency[name][contexts[0]]
-            print(
-                f"| {name} | {length} | {seconds * 1e3:.2f} | {ratio(seconds, own)} | {ratio(seconds, gpt2)} "
-                f"| {mib(memory[name][length])} |",
-                flush=True,
-            )
 
-    shortest, longest = contexts[0], contexts[-1]
-    if shortest == longest:
-        return
-    print()
-    print(f"# targets, context {longest} against {shortest}:")
-    for name in names:
+def print_targets(latency: dict[str, dict[int, float]], memory: dict[str, dict[int, int]], args) -> None:
+    """How latency and cache grow from the shortest context to the longest, against the targets."""
+    shortest, longest = args.contexts[0], args.contexts[-1]
+    print(f"\n> targets, context {longest} against {shortest}:\n")
+    for name in args.models:
         growth = latency[name][longest] / latency[name][shortest]
         cache_growth = memory[name][longest] / memory[name][shortest]
         if name in LOCAL_MODELS:
@@ -167,11 +142,47 @@ def main() -> None:
                 f"linear in the tokens held would be {linear:.2f}x); ms/token {longest}/{shortest} = {growth:.2f}x"
             )
         else:
-            against = f", {memory[name][longest] / memory['gpt2'][longest]:.2f}x gpt2's" if "gpt2" in names else ""
+            gpt2 = memory.get("gpt2")
+            against = f", {memory[name][longest] / gpt2[longest]:.2f}x gpt2's" if gpt2 else ""
             print(
                 f"- {name}: ms/token {longest}/{shortest} = {growth:.2f}x; cache {longest}/{shortest} = "
                 f"{cache_growth:.2f}x (its global heads keep every token{against} at {longest})"
             )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    contexts, names = args.contexts, args.models
+    shape = Shape(
+        n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
+        n_positions=contexts[-1] + args.new_tokens,
+    )  # fmt: skip
+    models = {}
+    generator = torch.Generator().manual_seed(args.seed)
+    warm_up = torch.randint(0, shape.vocab_size, (1, contexts[0]), generator=generator).to(args.device)
+    for name in names:
+        torch.manual_seed(args.seed)
+        models[name] = build_model(name, shape, args.device).eval()
+        decode(models[name], warm_up, args.new_tokens, args.device)  # first calls are slow: not in the figures
+
+    print_notes(shape, args)
+    print_header("model", "context", "ms/token", "vs own at shortest context", "vs gpt2 at this context", "cache MiB")
+    latency: dict[str, dict[int, float]] = {name: {} for name in names}
+    memory: dict[str, dict[int, int]] = {name: {} for name in names}
+    for length in contexts:
+        prompt = torch.randint(0, shape.vocab_size, (1, length), generator=generator).to(args.device)
+        for name in names:
+            latency[name][length], memory[name][length] = decode(models[name], prompt, args.new_tokens, args.device)
+        gpt2 = latency["gpt2"][length] if "gpt2" in names else None
+        for name in names:
+            seconds = latency[name][length]
+            own = latency[name][contexts[0]]
+            print_row(
+                name, length, f"{seconds * 1e3:.2f}", ratio(seconds, own), ratio(seconds, gpt2),
+                mib(memory[name][length]),
+            )  # fmt: skip
+    if len(contexts) > 1:
+        print_targets(latency, memory, args)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ D head dim, k = `local_window`, P the positional encoding (positions x d_P). Que
 Queries and keys may be wider or narrower than values (`content_qk_dim`); outputs take the values' width.
 
 Who sees whom is a `Visibility`: a predicate on (query index, key index) built from small overlays. The reference
-masks (padded batches, cached decoding, the masked baseline) are built from it; the fast kernels never build a
-T x T mask. A row with no visible key (position 0 under a strict causal mask, or a query whose window holds only
-padding) outputs zeros, never NaN.
+masks (padded batches, cached decoding) are built from it; the fast kernels never build a T x T mask. A row with
+no visible key (position 0 under a strict causal mask, or a query whose window holds only padding) outputs zeros,
+never NaN.
 """
 
 import functools
@@ -321,14 +321,6 @@ def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys:
         inside = (key_index >= 0) & (key_index < num_keys)
         matrix[..., inside, key_index[inside]] = weights[..., inside, j]
     return matrix
-
-
-def local_attention_masked(
-    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
-) -> torch.Tensor:
-    """The baseline transformers' sliding-window models take: SDPA over a full T x T band mask."""
-    mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)
-    return masked_sdpa(q, k, v, mask, scale, dropout)
 
 
 # --- positional heads ------------------------------------------------------------------------------------------

@@ -7,12 +7,15 @@ differ only in `model_type` and in the layout they build when `head_layout` is n
 import math
 
 from transformers import GPT2Config
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 HEAD_KINDS = ("global", "local", "positional")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
 BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
-LOCAL_ATTENTION_IMPLS = ("banded", "compiled", "masked")
+LOCAL_ATTENTION_IMPLS = ("banded", "compiled")
 INITIALIZATIONS = ("gpt2", "paper_a")
 
 
@@ -74,8 +77,8 @@ class HfAttnConfig(GPT2Config):
     local_attention_impl (`str`, *optional*, defaults to `"banded"`):
         `"banded"` forms only the k (or k+1) scores per query; `"compiled"` runs the same kernel through
         `torch.compile` (faster once warm, after tens of seconds of compiling per new shape; training and prefill
-        only); `"masked"` runs SDPA with a full T x T band mask, what transformers' sliding-window models do (a
-        baseline for benchmarks, not for use).
+        only). Both compute the same attention. A config saved with the former `"masked"` (SDPA over a full T x T
+        band mask, now only a benchmark baseline) loads as `"banded"`, with a warning.
 
     Example:
 
@@ -108,6 +111,13 @@ class HfAttnConfig(GPT2Config):
     default_attend_to_self = False
 
     def __post_init__(self, **kwargs):
+        if self.local_attention_impl == "masked":  # saved by older versions: same attention, slower route
+            logger.warning(
+                "`local_attention_impl`='masked' is no longer offered (SDPA over a full T x T band mask, now only a "
+                "benchmark baseline); using 'banded', which computes the same attention. Allowed values: "
+                f"{list(LOCAL_ATTENTION_IMPLS)}."
+            )
+            self.local_attention_impl = "banded"
         if self.attend_to_self is None:
             self.attend_to_self = self.default_attend_to_self
         self._check_shape()

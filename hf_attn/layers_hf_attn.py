@@ -20,7 +20,6 @@ from .attention_hf_attn import (
     global_attention,
     local_attention,
     local_attention_by_offsets,
-    local_attention_masked,
     local_weights_as_matrix,
     masked_weights,
     positional_attention,
@@ -83,7 +82,7 @@ class Projection(Conv1D):
 
 # --- attention layer -------------------------------------------------------------------------------------------
 
-LOCAL_KERNELS = {"banded": local_attention, "compiled": compiled_local_attention, "masked": local_attention_masked}
+LOCAL_KERNELS = {"banded": local_attention, "compiled": compiled_local_attention}
 
 
 class InferenceWeights:

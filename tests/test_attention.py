@@ -11,7 +11,6 @@ from hf_attn.attention_hf_attn import (
     global_attention,
     local_attention_by_chunks,
     local_attention_by_offsets,
-    local_attention_masked,
     local_weights_as_matrix,
     positional_attention,
     positional_weights,
@@ -42,7 +41,6 @@ def local_kernels():
     return {
         "offsets": lambda *a: local_attention_by_offsets(*a)[0],
         "chunks": local_attention_by_chunks,
-        "masked": local_attention_masked,
     }
 
 
@@ -65,7 +63,7 @@ def test_global_matches_reference(is_causal, attend_to_self, pad):
     )
 
 
-@pytest.mark.parametrize("kernel", ["offsets", "chunks", "masked"])
+@pytest.mark.parametrize("kernel", ["offsets", "chunks"])
 @pytest.mark.parametrize("local_window", [1, 2, 5])
 @pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
 def test_local_matches_reference(kernel, local_window, is_causal, attend_to_self, pad):
@@ -172,7 +170,7 @@ def test_positional_gradients_match_reference(is_causal, attend_to_self):
         torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kernel", ["offsets", "chunks", "masked"])
+@pytest.mark.parametrize("kernel", ["offsets", "chunks"])
 def test_strict_first_row_is_zero_without_nan(kernel):
     q, k, v = qkv()
     out = local_kernels()[kernel](q, k, v, Visibility(True, False, 1), padding("padded"), D**-0.5)

@@ -1,41 +1,118 @@
-"""The benchmarks run end to end at a tiny shape, and their figures behave as the head kinds say."""
+"""The benchmarks run end to end at a tiny shape, their figures behave as the head kinds say, the masked-SDPA
+baseline computes our attention, and the GPU runner keeps to its plan and budget."""
 
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmarks import attention_layer, gpu
+from benchmarks.common import Shape, build_model, masked_local_attention
+from hf_attn.attention_hf_attn import Visibility, local_attention
+from hf_attn.layers_hf_attn import HfAttnAttention
+
+ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("local-1", "local-4", "hybrid-1", "gpt2")
 CONTEXTS = (16, 32)
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--vocab-size", "100"]
 
 
-def run_benchmark(*args: str, script: str = "generation.py") -> subprocess.CompletedProcess:
+def run_benchmark(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m benchmarks.<module> ...` from the repository root, as the README runs it."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, env=env, timeout=120,
-        check=False,
+        [sys.executable, "-m", f"benchmarks.{module}", *args], cwd=ROOT, capture_output=True, text=True, env=env,
+        timeout=300, check=False,
     )  # fmt: skip
 
 
-def table_rows(stdout: str) -> dict[tuple[str, int], list[str]]:
-    """(model, context) -> the row's cells, from the printed Markdown table."""
-    rows = {}
-    for line in stdout.splitlines():
+def table_rows(stdout: str, width: int) -> list[list[str]]:
+    """The cells of every Markdown table row with `width` cells, headers and rules left out."""
+    lines = stdout.splitlines()
+    rows = []
+    for line, after in zip(lines, [*lines[1:], ""], strict=True):
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 6 and cells[1].isdigit():
-            rows[cells[0], int(cells[1])] = cells
+        if (
+            line.startswith("|")
+            and len(cells) == width
+            and not line.startswith("|---")
+            and not after.startswith("|---")
+        ):
+            rows.append(cells)
     return rows
+
+
+# --- the masked-SDPA baseline ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("local_window", [1, 2, 5])
+@pytest.mark.parametrize("is_causal,attend_to_self,padded", list(itertools.product([True, False], repeat=3)))
+def test_masked_local_attention_matches_the_banded_route(local_window, is_causal, attend_to_self, padded):
+    q, k, v = (torch.randn(2, 3, 13, 8, requires_grad=True) for _ in range(3))
+    key_mask = None
+    if padded:  # left padding on sample 0, right padding on sample 1
+        key_mask = torch.ones(2, 13, dtype=torch.bool)
+        key_mask[0, :4], key_mask[1, -3:] = False, False
+    visibility = Visibility(is_causal, attend_to_self, local_window)
+    probe = torch.randn(2, 3, 13, 8)
+    results = {}
+    for route in (masked_local_attention, local_attention):
+        out = route(q, k, v, visibility, key_mask, 8**-0.5)
+        results[route] = out, torch.autograd.grad((out * probe).sum(), (q, k, v))
+    (masked_out, masked_grads), (banded_out, banded_grads) = results.values()
+    torch.testing.assert_close(masked_out, banded_out, atol=1e-5, rtol=1e-5)
+    for masked_grad, banded_grad in zip(masked_grads, banded_grads, strict=True):
+        torch.testing.assert_close(masked_grad, banded_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_masked_models_are_the_local_models_on_masked_sdpa():
+    shape = Shape(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=32)
+    input_ids = torch.randint(50, (2, 24))
+    logits, routes = {}, {}
+    for name in ("local-4", "local-4 masked"):
+        torch.manual_seed(0)
+        model = build_model(name, shape).eval()
+        logits[name] = model(input_ids).logits
+        routes[name] = {module.local_impl for module in model.modules() if isinstance(module, HfAttnAttention)}
+    assert routes == {"local-4": {local_attention}, "local-4 masked": {masked_local_attention}}
+    torch.testing.assert_close(logits["local-4 masked"], logits["local-4"], atol=1e-5, rtol=1e-5)
+
+
+# --- the benchmark modules -------------------------------------------------------------------------------------
+
+
+def test_attention_layer_benchmark_times_and_checks_every_kernel(capsys):
+    attention_layer.main([
+        "--lengths", "40", "80", "--windows", "1", "33", "--batch", "1", "--heads", "2", "--head-dim", "8",
+        "--repeats", "1", "--dtypes", "fp32", "bf16", "--kernels", *attention_layer.KERNELS, "--check",
+        "--compile-backend", "eager", "--max-masked-length", "40",
+    ])  # fmt: skip
+    rows = table_rows(capsys.readouterr().out, width=3 + 1 + 2 * 4 + 4)
+    assert [(dtype, int(length), int(k)) for dtype, length, k, *_ in rows] == list(
+        itertools.product(["fp32", "bf16"], [40, 80], [1, 33])
+    )
+    for _, length, _, masked, banded, speedup, compiled, _, flex, _, global_, _, *checks in rows:
+        assert float(banded) > 0 and float(compiled) > 0 and float(global_) > 0
+        assert flex.endswith("forward only")  # FlexAttention has no backward on CPU
+        if length == "40":
+            assert float(masked) > 0 and speedup.endswith("x")
+            assert all(check.startswith("PASS") for check in checks), checks
+            assert checks[-1].endswith("forward only)")
+        else:  # beyond --max-masked-length: no T x T mask, so no masked figure and no reference
+            assert masked == "not run: T x T mask" and speedup == "-"
+            assert set(checks) == {"no reference: T x T mask not run"}
 
 
 def test_generation_benchmark_runs_and_caches_grow_as_expected():
     contexts = [str(length) for length in CONTEXTS]
-    result = run_benchmark("--contexts", *contexts, "--new-tokens", "3", *TINY)
+    result = run_benchmark("generation", "--contexts", *contexts, "--new-tokens", "3", *TINY)
     assert result.returncode == 0, result.stderr
-    rows = table_rows(result.stdout)
+    rows = {(cells[0], int(cells[1])): cells for cells in table_rows(result.stdout, width=6)}
     assert set(rows) == {(model, length) for model in MODELS for length in CONTEXTS}, result.stdout
     cache_mib = {key: float(cells[5]) for key, cells in rows.items()}
     for model in ("local-1", "local-4"):
@@ -50,23 +127,89 @@ def test_generation_benchmark_runs_and_caches_grow_as_expected():
 
 
 def test_unknown_model_is_refused_with_the_choices():
-    result = run_benchmark("--models", "local-2", *TINY)
+    result = run_benchmark("generation", "--models", "local-2", *TINY)
     assert result.returncode != 0
     assert "invalid choice: 'local-2'" in result.stderr and "hybrid-1" in result.stderr
 
 
 def test_throughput_benchmark_reports_ratios_and_linear_layer_memory():
     result = run_benchmark(
-        "--models", "local-1", "--lengths", "32", "--tokens-per-step", "64", "--repeats", "1",
-        "--layer-lengths", "4096", "16384", "--max-masked-length", "0", *TINY, script="throughput.py",
+        "throughput", "--models", "local-1", "--lengths", "32", "--tokens-per-step", "64",
+        "--repeats", "1", "--layer-lengths", "4096", "16384", "--max-masked-length", "0", *TINY,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in result.stdout.splitlines()]
-    speed = {cells[0]: cells for cells in rows if len(cells) == 7 and cells[1] == "32"}
+    speed = {cells[0]: cells for cells in table_rows(result.stdout, width=8)}
     assert set(speed) == {"gpt2", "local-1"}, result.stdout
-    assert speed["gpt2"][4] == "1.00x" and speed["local-1"][4].endswith("x")
-    layer = {int(cells[0]): cells for cells in rows if len(cells) == 4 and cells[0].isdigit()}
+    assert speed["gpt2"][5] == "1.00x" and speed["local-1"][5].endswith("x")
+    assert all(int(cells[6]) > 0 for cells in speed.values())  # peak MiB, each in a fresh process
+    layer = {int(cells[0]): cells for cells in table_rows(result.stdout, width=4)}
     banded = {length: float(cells[1]) for length, cells in layer.items()}
     scores = {length: float(cells[3]) for length, cells in layer.items()}
     assert scores[16384] == 16 * scores[4096] == 8 * 16384 * 16384 * 4 / 2**20  # what a T x T matrix would take
     assert banded[16384] < scores[16384] / 50  # the banded layer holds O(T) tensors, never O(T^2)
+    assert {cells[2] for cells in layer.values()} == {"not run"}  # masked SDPA beyond --max-masked-length
+
+
+# --- the GPU runner --------------------------------------------------------------------------------------------
+
+
+def test_gpu_plan_is_the_same_steps_at_both_sizes_and_every_command_parses(capsys):
+    assert [step.name for step in gpu.plan(gpu.TINY)] == gpu.STEP_NAMES
+    for tiny in ([], ["--tiny"]):
+        gpu.main(["--dry-run", *tiny])
+        listed = capsys.readouterr().out
+        for step in gpu.plan(gpu.TINY if tiny else gpu.GPU):
+            assert f"- {step.name}, ~{step.seconds:.0f} s: `{step.command}`" in listed
+    assert "--device cuda" in gpu.plan(gpu.GPU)[0].argv and "--device cpu" in gpu.plan(gpu.TINY)[0].argv
+
+
+def fake_step(name: str, seconds: float, clock: list[float], takes: float, ran: list[str], fails: bool = False):
+    """A step whose benchmark advances the fake clock by `takes` seconds, and raises if `fails`."""
+
+    def main(argv: list[str]) -> None:
+        ran.append(name)
+        clock[0] += takes
+        if fails:
+            raise RuntimeError(f"{name} broke")
+
+    return gpu.Step(name, SimpleNamespace(__name__=f"fake.{name}", main=main), "--x 1", seconds)
+
+
+def test_run_plan_skips_what_would_not_fit_and_goes_on_after_a_failure(capsys):
+    clock, ran = [0.0], []
+    steps = [
+        fake_step("first", 10, clock, takes=30, ran=ran),  # longer than estimated: 70 s left after it
+        fake_step("too-long", 80, clock, takes=1, ran=ran),  # skipped
+        fake_step("broken", 50, clock, takes=10, ran=ran, fails=True),  # runs, fails: 60 s left
+        fake_step("exact-fit", 60, clock, takes=70, ran=ran),  # runs, overruns the budget
+        fake_step("nothing-left", 0, clock, takes=1, ran=ran),  # skipped: the budget is spent
+    ]
+    gpu.run_plan(steps, budget_seconds=100, clock=lambda: clock[0])
+    assert ran == ["first", "broken", "exact-fit"]
+    out = capsys.readouterr().out
+    assert "Skipped: needs ~80 s, 70 s of the budget left." in out
+    assert "Skipped: needs ~0 s, 0 s of the budget left." in out
+    assert "RuntimeError: broken broke" in out and "python -m fake.exact-fit --x 1" in out
+
+
+def test_gpu_runner_refuses_to_run_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit):
+        gpu.parse_args([])
+
+
+def test_gpu_runner_tiny_run_writes_every_step_and_a_zero_budget_skips_them(tmp_path):
+    output = tmp_path / "gpu_benchmark.md"
+    result = run_benchmark("gpu", "--tiny", "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    written = output.read_text()
+    sections = written.split("\n## ")[1:]
+    assert [section.split("\n")[0] for section in sections] == gpu.STEP_NAMES
+    for section in sections:
+        assert "Failed" not in section and "Skipped" not in section, section
+        assert "|---|" in section, section  # every step printed its table
+        assert section.split("\n")[0] in result.stdout  # teed to the console too
+    gpu.main(["--tiny", "--budget-seconds", "0", "--output", str(output)])
+    rerun = output.read_text()[len(written) :]
+    assert rerun.count("Skipped: needs") == len(gpu.STEP_NAMES)

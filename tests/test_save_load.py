@@ -1,6 +1,7 @@
 """save_pretrained / from_pretrained, every Auto class, and remote code where hf_attn cannot be imported."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -134,3 +135,19 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote ok HybridGPT2LMHeadModel" in result.stdout
+
+
+def test_a_checkpoint_saved_with_the_removed_masked_route_loads_on_the_banded_one(tmp_path, caplog):
+    """`local_attention_impl="masked"` computed the same attention through a T x T mask (now a benchmark baseline,
+    `benchmarks.common.masked_local_attention`): older checkpoints load on the default route, with a warning."""
+    model = AutoModelForCausalLM.from_config(tiny_config("local_gpt2")).eval()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "local_attention_impl": "masked"}))
+    with caplog.at_level(logging.WARNING):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert "`local_attention_impl`='masked' is no longer offered" in caplog.text
+    assert "['banded', 'compiled']" in caplog.text  # the allowed values
+    assert loaded.config.local_attention_impl == "banded"
+    input_ids = torch.randint(3, 37, (2, 12))
+    torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits)
