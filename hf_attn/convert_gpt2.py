@@ -17,10 +17,13 @@ from pathlib import Path
 from huggingface_hub import is_offline_mode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerBase
 
-from .configuration_hf_attn import HEAD_KINDS, HfAttnConfig, HybridGPT2Config, LocalGPT2Config
+from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config
+from .head_kinds_hf_attn import HEAD_KINDS, kinds_in
 from .modeling_hf_attn import HfAttnLMHeadModel
 
 CONVERTIBLE = {"hybrid_gpt2": HybridGPT2Config, "local_gpt2": LocalGPT2Config}
+# Content heads take queries and keys from `c_attn`, as GPT-2's heads do; the other kinds have no GPT-2 counterpart.
+CONVERTIBLE_KINDS = [name for name, kind in HEAD_KINDS.items() if kind.content]
 # Fields that fix the shapes of GPT-2's weights: they come from the checkpoint.
 SHAPE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
 # Our fields whose other values add, drop or reshape weights that GPT-2 has.
@@ -91,9 +94,10 @@ def convert_gpt2(
     source = load_gpt2(model_or_path)
     fields = {key: value for key, value in source.config.to_dict().items() if key not in NOT_CARRIED}
     config = AutoConfig.for_model(model_type, **{**fields, **config_overrides})
-    if config.uses_positional_heads:
+    other_kinds = [kind.name for kind in kinds_in(*config.head_layout) if not kind.content]
+    if other_kinds:
         raise ValueError(
-            "`head_layout` may only hold 'global' and 'local' heads when converting GPT-2: 'positional' heads "
+            f"`head_layout` may only hold {CONVERTIBLE_KINDS} heads when converting GPT-2: {other_kinds} heads "
             "have no GPT-2 counterpart for their queries and keys."
         )
     model = AutoModelForCausalLM.from_config(config, dtype=source.dtype)
@@ -110,12 +114,14 @@ def layout_summary(config: HfAttnConfig) -> list[str]:
     lines = []
     for layer, run in itertools.groupby(enumerate(config.head_layout), key=lambda item: item[1]):
         indices = [index for index, _ in run]
-        counts = " + ".join(f"{layer.count(kind)} {kind}" for kind in HEAD_KINDS if kind in layer)
+        counts = " + ".join(f"{layer.count(kind.name)} {kind.name}" for kind in kinds_in(layer))
         span = f"layer {indices[0]}" if len(indices) == 1 else f"layers {indices[0]}-{indices[-1]}"
         order = f" ({', '.join(layer)})" if len(set(layer)) > 1 else ""
         lines.append(f"{span}: {counts}{order}")
+    settings = [f"{field}={getattr(config, field)!r}" for kind in kinds_in(*config.head_layout)
+                for field in kind.config_fields]  # fmt: skip
     masks = "inclusive" if config.attend_to_self else "strict"
-    lines.append(f"local_window={config.local_window}, {masks} masks (attend_to_self={config.attend_to_self})")
+    lines.append(", ".join([*settings, f"{masks} masks (attend_to_self={config.attend_to_self})"]))
     return lines
 
 

@@ -275,7 +275,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if cache is not None and not isinstance(cache, HeadKindCache):
             raise ValueError(f"`cache` must be a HeadKindCache (made by the model itself), got {type(cache).__name__}.")
         if use_cache and cache is None:
-            cache = HeadKindCache(self.config.n_layer, self.config.local_window)
+            cache = HeadKindCache(self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None and attention_mask.shape[-1] != past_length + length:
             raise ValueError(

@@ -153,7 +153,7 @@ def test_cli_writes_model_tokenizer_and_summary(gpt2_dir, tmp_path):
     assert (config["local_window"], config["attend_to_self"], config["n_embd"]) == (1, True, 32)
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert "parameters" in result.stdout and "layers 0-1: 2 global + 2 local" in result.stdout
-    assert "inclusive masks" in result.stdout and "saved the tokenizer" in result.stdout
+    assert "local_window=1, inclusive masks" in result.stdout and "saved the tokenizer" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -187,7 +187,7 @@ def test_bad_sources_and_overrides_are_refused(gpt2, tmp_path):
         convert_gpt2(gpt2, n_embd=64)
     with pytest.raises(ValueError, match="`position_embedding_type` must be 'learned'"):
         convert_gpt2(gpt2, position_embedding_type="rope")
-    with pytest.raises(ValueError, match="'positional' heads have no GPT-2 counterpart"):
+    with pytest.raises(ValueError, match=r"\['positional'\] heads have no GPT-2 counterpart"):
         convert_gpt2(gpt2, head_layout=[["global", "local", "positional", "global"]] * 2)
     with pytest.raises(ValueError, match="`local_wndow` is not a field of HybridGPT2Config"):
         convert_gpt2(gpt2, local_wndow=2)

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import torch
 from conftest import MODEL_TYPES, tiny_config
+from hub_checks import HF_ATTN_CODE
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -109,14 +110,7 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     model.save_pretrained(tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", *AUTO_CLASSES}
-    exported = {
-        "modeling_hf_attn.py",
-        "layers_hf_attn.py",
-        "configuration_hf_attn.py",
-        "attention_hf_attn.py",
-        "cache_hf_attn.py",
-    }
-    assert exported <= set(os.listdir(tmp_path / "model"))
+    assert HF_ATTN_CODE <= set(os.listdir(tmp_path / "model"))
     input_ids = torch.randint(3, 37, (2, 6))
     with torch.no_grad():
         outputs = model(input_ids, output_hidden_states=True)
