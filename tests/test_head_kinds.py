@@ -9,6 +9,7 @@ from conftest import tiny_config
 from naive import naive_attention
 from transformers import AutoModelForCausalLM
 
+import hf_attn.hub
 from hf_attn import attention_hf_attn
 from hf_attn.attention_hf_attn import local_attention_masked, positional_weights, visibility_mask
 from hf_attn.head_kinds_hf_attn import HEAD_KINDS
@@ -117,8 +118,8 @@ def test_the_cache_keeps_what_each_kind_declares(name):
 
 
 def test_a_fourth_kind_is_one_table_entry(monkeypatch):
-    """A new entry is accepted by the configuration, run by the layer and cached, with nothing else changed: here
-    global attention through a full mask, which must compute what the global heads do."""
+    """A new entry is accepted by the configuration, run by the layer, cached and described, with nothing else
+    changed: here global attention through a full mask, which must compute what the global heads do."""
     global_kind = HEAD_KINDS["global"]
     masked = dataclasses.replace(global_kind, name="masked_global", kernels={"masked": local_attention_masked})
     monkeypatch.setitem(HEAD_KINDS, "masked_global", masked)
@@ -132,3 +133,6 @@ def test_a_fourth_kind_is_one_table_entry(monkeypatch):
         outputs = model(input_ids, use_cache=True)
         torch.testing.assert_close(outputs.logits, reference.eval()(input_ids).logits)
     assert {"masked_global_keys", "masked_global_values"} <= set(outputs.cache.layers[0].tensors())
+    section = hf_attn.hub.head_layout_section(model.config)
+    assert "- **masked_global** heads: each query attends by content to every earlier position." in section
+    assert "| layers | global heads | local heads | positional heads | masked_global heads |" in section

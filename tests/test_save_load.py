@@ -76,6 +76,7 @@ def test_autoconfig_builds_each_type():
 
 REMOTE_SCRIPT = textwrap.dedent(
     """
+    import os
     import sys
     sys.modules["hf_attn"] = None  # importing hf_attn now fails: only the exported code can load the model
     import torch
@@ -98,6 +99,9 @@ REMOTE_SCRIPT = textwrap.dedent(
     torch.testing.assert_close(logits, expected["logits"], atol=0, rtol=0)
     tokens = model.generate(expected["input_ids"], max_new_tokens=5, do_sample=False)
     assert torch.equal(tokens, expected["tokens"])
+    model.save_pretrained(path + "-resaved")  # transformers' own save: the card templates stay with hf_attn
+    assert os.path.isfile(os.path.join(path + "-resaved", "model.safetensors"))
+    assert not os.path.exists(os.path.join(path + "-resaved", "README.md"))
     print("remote ok", type(model).__name__)
     """
 )
