@@ -81,8 +81,8 @@ def build_model(name: str, shape: Shape, device: str = "cpu") -> PreTrainedModel
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**extra, **fields))
     if name.endswith(MASKED):
         for attention in model.modules():
-            if isinstance(attention, HfAttnAttention):
-                attention.local_impl = masked_local_attention
+            if isinstance(attention, HfAttnAttention) and "local" in attention.kernels:
+                attention.kernels["local"] = masked_local_attention
     return model.to(device)
 
 

@@ -2,15 +2,16 @@
 
 Importing the package registers the model types `positional_gpt2`, `local_gpt2` and `hybrid_gpt2` with
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForSequenceClassification` and
-`AutoModelForTokenClassification`.
+`AutoModelForTokenClassification`, and gives their `save_pretrained` and `push_to_hub` a model card.
 """
 
 import transformers
 
+from . import hub
 from .cache_hf_attn import HeadKindCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .modeling_hf_attn import *  # noqa: F403
-from .modeling_hf_attn import MODEL_CLASSES
+from .modeling_hf_attn import MODEL_CLASSES, HfAttnPreTrainedModel
 from .modeling_hf_attn import __all__ as _modeling_all
 
 
@@ -19,6 +20,7 @@ def _register() -> None:
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         for auto_name, model_class in classes.items():
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
+    HfAttnPreTrainedModel.sharing = hub  # model cards for save_pretrained and push_to_hub
 
 
 _register()

@@ -1,4 +1,5 @@
-"""The three head kinds: global, local and positional attention, each as one function with its own fast path.
+"""The kernels of the three head kinds: global, local and positional attention, each as one function with its own
+fast path. `head_kinds_hf_attn.py` says which kind runs on which.
 
 Legend: B batch, H heads of one kind, T queries, S keys (S >= T: the last T keys are the queries' own positions),
 D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T.
@@ -128,6 +129,14 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def masked_weights(q, k, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Explicit (B, H, T, S) weights, for `output_attentions` and cached decoding of short rows."""
     return masked_softmax(torch.matmul(q, k.transpose(-1, -2)).float() * scale, mask).to(q.dtype)
+
+
+def masked_attention_with_weights(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, T, D) output and the explicit (B, H, T, S) weights from the reference mask, for `output_attentions`."""
+    weights = masked_weights(q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), scale)
+    return torch.matmul(F.dropout(weights, dropout), v), weights
 
 
 # --- global heads ----------------------------------------------------------------------------------------------
@@ -321,6 +330,14 @@ def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys:
         inside = (key_index >= 0) & (key_index < num_keys)
         matrix[..., inside, key_index[inside]] = weights[..., inside, j]
     return matrix
+
+
+def local_attention_with_weights(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The offsets kernel's output and its weights as the (B, H, T, S) matrix `output_attentions` returns."""
+    out, weights, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)
+    return out, local_weights_as_matrix(weights, offsets, k.shape[-2])
 
 
 # --- positional heads ------------------------------------------------------------------------------------------

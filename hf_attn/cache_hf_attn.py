@@ -1,4 +1,4 @@
-"""A decoding cache that keeps, per head kind, only what that kind needs.
+"""A decoding cache that keeps, per head kind, only what that kind needs, as its `HEAD_KINDS` entry says.
 
 - global heads: every key and value;
 - local heads: the last `local_window` keys and values (a k-local head never looks further back);
@@ -10,6 +10,9 @@ So a local-only model decodes with a cache of constant size, whatever the contex
 import torch
 from transformers import Cache
 
+from .configuration_hf_attn import HfAttnConfig
+from .head_kinds_hf_attn import HeadKind
+
 
 def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     """`new` appended to `past`, in storage of its own: `new` is a view into the layer's whole projection, which
@@ -18,17 +21,16 @@ def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 
 
 class HeadKindCacheLayer:
-    """One layer's cache. Tensors are (B, H_kind, tokens, D); a kind absent from the layer stays None."""
+    """One layer's cache: per head kind present, the tensors its `cached` names, (B, H_kind, tokens, D), holding the
+    last `kind.window(config)` tokens (all of them when the kind has no window)."""
 
     is_compileable = False
     is_croppable = False  # dropped local keys cannot be restored
     is_sliding = False
 
-    def __init__(self, local_window: int):
-        self.local_window = local_window
-        self.global_keys = self.global_values = None
-        self.local_keys = self.local_values = None
-        self.positional_values = None
+    def __init__(self, config: HfAttnConfig):
+        self.config = config
+        self.kept: dict[str, dict[str, torch.Tensor]] = {}  # kind name -> {"keys": ..., "values": ...}
         self.seen_tokens = 0
 
     @property
@@ -36,27 +38,21 @@ class HeadKindCacheLayer:
         return self.seen_tokens > 0
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        names = ("global_keys", "global_values", "local_keys", "local_values", "positional_values")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        """Every kept tensor by `<kind>_<what>`, e.g. `local_keys`."""
+        return {f"{kind}_{what}": tensor for kind, kept in self.kept.items() for what, tensor in kept.items()}
 
-    def update_global(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.global_keys, self.global_values = _cat(self.global_keys, keys), _cat(self.global_values, values)
-        return self.global_keys, self.global_values
-
-    def update_local(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the kept past plus the new keys and values; keeps only the last `local_window` of them."""
-        keys, values = _cat(self.local_keys, keys), _cat(self.local_values, values)
-        self.local_keys = keys[:, :, -self.local_window :].clone()  # a view would keep every token alive
-        self.local_values = values[:, :, -self.local_window :].clone()
-        return keys, values
-
-    def update_positional(self, values: torch.Tensor) -> torch.Tensor:
-        self.positional_values = _cat(self.positional_values, values)
-        return self.positional_values
+    def update(self, kind: HeadKind, **new: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Returns the kept past plus the new tokens of what `kind` caches (`keys=`, `values=`); keeps the last
+        `kind.window(config)` tokens of them."""
+        past = self.kept.get(kind.name, {})
+        full = {what: _cat(past.get(what), new[what]) for what in kind.cached}
+        window = kind.window(self.config)
+        # a view would keep every token alive
+        self.kept[kind.name] = full if window is None else {what: t[:, :, -window:].clone() for what, t in full.items()}
+        return full
 
     def apply(self, fn) -> None:
-        for name, tensor in self.tensors().items():
-            setattr(self, name, fn(tensor))
+        self.kept = {kind: {what: fn(t) for what, t in kept.items()} for kind, kept in self.kept.items()}
 
     def get_seq_length(self) -> int:
         return self.seen_tokens
@@ -65,14 +61,14 @@ class HeadKindCacheLayer:
         return -1
 
     def reset(self) -> None:
-        self.__init__(self.local_window)
+        self.__init__(self.config)
 
 
 class HeadKindCache(Cache):
     """`Cache` for hf_attn models. The model makes it itself when `use_cache=True`, not `generate`."""
 
-    def __init__(self, num_layers: int, local_window: int):
-        super().__init__(layers=[HeadKindCacheLayer(local_window) for _ in range(num_layers)])
+    def __init__(self, config: HfAttnConfig):
+        super().__init__(layers=[HeadKindCacheLayer(config) for _ in range(config.n_layer)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length()

@@ -1,7 +1,7 @@
 """Configurations of the three hf_attn model types: presets over one per-layer, per-head layout of head kinds.
 
-Every attention head is `global`, `local` or `positional` (see `attention_hf_attn.py`). The three model types
-differ only in `model_type` and in the layout they build when `head_layout` is not given.
+Every attention head is of one of the kinds in `head_kinds_hf_attn.HEAD_KINDS` (`global`, `local` or `positional`).
+The three model types differ only in `model_type` and in the layout they build when `head_layout` is not given.
 """
 
 import math
@@ -9,13 +9,13 @@ import math
 from transformers import GPT2Config
 from transformers.utils import logging
 
+from .head_kinds_hf_attn import HEAD_KINDS
+
 logger = logging.get_logger(__name__)
 
-HEAD_KINDS = ("global", "local", "positional")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
 BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
-LOCAL_ATTENTION_IMPLS = ("banded", "compiled")
 INITIALIZATIONS = ("gpt2", "paper_a")
 
 
@@ -115,7 +115,7 @@ class HfAttnConfig(GPT2Config):
             logger.warning(
                 "`local_attention_impl`='masked' is no longer offered (SDPA over a full T x T band mask, now only a "
                 "benchmark baseline); using 'banded', which computes the same attention. Allowed values: "
-                f"{list(LOCAL_ATTENTION_IMPLS)}."
+                f"{list(HEAD_KINDS['local'].kernels)}."
             )
             self.local_attention_impl = "banded"
         if self.attend_to_self is None:
@@ -165,11 +165,8 @@ class HfAttnConfig(GPT2Config):
 
     @property
     def uses_positional_heads(self) -> bool:
-        return any("positional" in layer for layer in self.head_layout)
-
-    @property
-    def uses_content_heads(self) -> bool:
-        return any(kind != "positional" for layer in self.head_layout for kind in layer)
+        """Some head takes its weights from the positional encoding P (the model then builds P)."""
+        return any(not HEAD_KINDS[kind].content for layer in self.head_layout for kind in layer)
 
     def validate_head_layout(self):
         if not isinstance(self.head_layout, list) or len(self.head_layout) != self.n_layer:
@@ -194,12 +191,13 @@ class HfAttnConfig(GPT2Config):
             )
 
     def validate_choices(self):
+        kernel_choices = [(kind.kernel_field, kind.kernels) for kind in HEAD_KINDS.values() if kind.kernel_field]
         for field, allowed in (
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("positional_encoding", POSITIONAL_ENCODINGS),
             ("block_style", BLOCK_STYLES),
-            ("local_attention_impl", LOCAL_ATTENTION_IMPLS),
             ("initialization", INITIALIZATIONS),
+            *kernel_choices,  # `local_attention_impl`
         ):
             if getattr(self, field) not in allowed:
                 raise _choice_error(field, getattr(self, field), allowed)

@@ -11,16 +11,19 @@ attention pattern, so such a conversion is a starting point for fine-tuning.
 import argparse
 import copy
 import dataclasses
-import itertools
 from pathlib import Path
 
 from huggingface_hub import is_offline_mode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerBase
 
-from .configuration_hf_attn import HEAD_KINDS, HfAttnConfig, HybridGPT2Config, LocalGPT2Config
+from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config
+from .head_kinds_hf_attn import GLOBAL, HEAD_KINDS, kinds_in
+from .hub import layer_runs, write_model_type_card
 from .modeling_hf_attn import HfAttnLMHeadModel
 
 CONVERTIBLE = {"hybrid_gpt2": HybridGPT2Config, "local_gpt2": LocalGPT2Config}
+# Content heads take queries and keys from `c_attn`, as GPT-2's heads do; the other kinds have no GPT-2 counterpart.
+CONVERTIBLE_KINDS = [name for name, kind in HEAD_KINDS.items() if kind.content]
 # Fields that fix the shapes of GPT-2's weights: they come from the checkpoint.
 SHAPE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
 # Our fields whose other values add, drop or reshape weights that GPT-2 has.
@@ -91,9 +94,10 @@ def convert_gpt2(
     source = load_gpt2(model_or_path)
     fields = {key: value for key, value in source.config.to_dict().items() if key not in NOT_CARRIED}
     config = AutoConfig.for_model(model_type, **{**fields, **config_overrides})
-    if config.uses_positional_heads:
+    other_kinds = [kind.name for kind in kinds_in(*config.head_layout) if not kind.content]
+    if other_kinds:
         raise ValueError(
-            "`head_layout` may only hold 'global' and 'local' heads when converting GPT-2: 'positional' heads "
+            f"`head_layout` may only hold {CONVERTIBLE_KINDS} heads when converting GPT-2: {other_kinds} heads "
             "have no GPT-2 counterpart for their queries and keys."
         )
     model = AutoModelForCausalLM.from_config(config, dtype=source.dtype)
@@ -108,15 +112,32 @@ def convert_gpt2(
 def layout_summary(config: HfAttnConfig) -> list[str]:
     """One line per run of layers with the same heads, then the window and masks."""
     lines = []
-    for layer, run in itertools.groupby(enumerate(config.head_layout), key=lambda item: item[1]):
-        indices = [index for index, _ in run]
-        counts = " + ".join(f"{layer.count(kind)} {kind}" for kind in HEAD_KINDS if kind in layer)
-        span = f"layer {indices[0]}" if len(indices) == 1 else f"layers {indices[0]}-{indices[-1]}"
+    for layers, layer in layer_runs(config.head_layout):
+        counts = " + ".join(f"{layer.count(kind.name)} {kind.name}" for kind in kinds_in(layer))
         order = f" ({', '.join(layer)})" if len(set(layer)) > 1 else ""
-        lines.append(f"{span}: {counts}{order}")
+        lines.append(f"{'layers' if '-' in layers else 'layer'} {layers}: {counts}{order}")
+    settings = [f"{field}={getattr(config, field)!r}" for kind in kinds_in(*config.head_layout)
+                for field in kind.config_fields]  # fmt: skip
     masks = "inclusive" if config.attend_to_self else "strict"
-    lines.append(f"local_window={config.local_window}, {masks} masks (attend_to_self={config.attend_to_self})")
+    lines.append(", ".join([*settings, f"{masks} masks (attend_to_self={config.attend_to_self})"]))
     return lines
+
+
+def conversion_note(base_model: str | None, config: HfAttnConfig) -> str:
+    """The model card's paragraph on where the weights come from (`base_model`: a Hub id, None for a local folder)
+    and what the new layout changes about GPT-2."""
+    origin = f"the GPT-2 checkpoint `{base_model}`" if base_model else "a GPT-2 checkpoint"
+    changes = [f"{kind.name} heads" for kind in kinds_in(*config.head_layout) if kind is not GLOBAL]
+    changes += [] if config.attend_to_self else ["strict masks"]
+    effect = (
+        f"Its {' and '.join(changes)} change what GPT-2's heads see, so it is a starting point for fine-tuning."
+        if changes
+        else "With global heads and inclusive masks only, it computes what GPT-2 does."
+    )
+    return (
+        f"Its weights come from {origin}, converted by `hf_attn.convert_gpt2` (head h of every layer runs on GPT-2's "
+        f"head h). {effect}"
+    )
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase | None:
@@ -166,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
 
     model.save_pretrained(args.output_dir)
     config = model.config
+    base_model = None if Path(args.source).exists() else args.source  # a Hub id
+    write_model_type_card(model, args.output_dir, base_model=base_model, conversion=conversion_note(base_model, config))
     print(
         f"converted {args.source} to {config.model_type}: {config.n_layer} layers x {config.n_head} heads, "
         f"{model.num_parameters():,} parameters ({model.dtype})"

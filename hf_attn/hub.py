@@ -1,23 +1,35 @@
-"""Hub-ready run folders: a model card from `model_cards/`, filled from a run's results, and the upload of the folder.
+"""Model cards from the templates in `model_cards/`, and uploads to the Hub.
 
-An experiment run saves its model to `RUN/model` (weights as safetensors, config with `use_cache=True`, the modeling
-code with a full `auto_map`, the tokenizer where one is used) and writes `README.md` there: the model card, with the
-run's measured results as `model-index` eval results. `push_run` uploads that folder to one Hub repository.
+Two kinds of card, both describing only the head kinds and masks the model has:
+- a run's card (`model_cards/experiment_run.md`): an experiment run saves its model to `RUN/model` (weights as
+  safetensors, config with `use_cache=True`, the modeling code with a full `auto_map`, the tokenizer where one is used)
+  and writes `README.md` there, with the run's measured results as `model-index` eval results. `push_run` uploads
+  that folder to one Hub repository.
+- a model type's card (`model_cards/<model_type>.md`) for any other checkpoint, made by hand or by `convert_gpt2`:
+  `save_pretrained` writes it and `push_to_hub` uploads it (`HfAttnPreTrainedModel.sharing` is this module).
 """
 
+import itertools
 import math
+import os
+import tempfile
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
+import jinja2
+import torch
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .configuration_hf_attn import HfAttnConfig
+from .head_kinds_hf_attn import HeadKind, kinds_in
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
 
-CARD_TEMPLATE = files("hf_attn") / "model_cards" / "experiment_run.md"
+# `model_cards/` sits at the top of the repository; the wheel ships it inside the package (pyproject.toml maps it to
+# `hf_attn/model_cards`), so an installed hf_attn finds it there and a source checkout beside the package.
+CARD_FOLDERS = [Path(__file__).resolve().parent / "model_cards", Path(__file__).resolve().parents[1] / "model_cards"]
+CARD_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(CARD_FOLDERS))
 CARD_FILE = "README.md"
 PIPELINE_TAGS = {
     "AutoModelForCausalLM": "text-generation",
@@ -35,6 +47,11 @@ class Paper:
     venue: str
     year: int
     arxiv: str
+
+    @property
+    def reference(self) -> str:
+        """Title, venue and arXiv link, in Markdown."""
+        return f"*{self.title}* ({self.venue}, [arXiv {self.arxiv}](https://arxiv.org/abs/{self.arxiv}))"
 
     @property
     def bibtex(self) -> str:
@@ -155,7 +172,7 @@ EXPERIMENTS = {
 }
 
 
-# --- the model card ------------------------------------------------------------------------------------------
+# --- what every card says: the head layout ---------------------------------------------------------------------
 
 
 def auto_class_name(config) -> str:
@@ -165,25 +182,74 @@ def auto_class_name(config) -> str:
     return next(auto for auto, suffix in by_longest_suffix if architecture.endswith(suffix))
 
 
-def head_layout_table(config) -> str:
-    """One row per run of layers with the same head kinds: which heads are global, local or positional."""
+def layer_runs(head_layout: list[list[str]]) -> list[tuple[str, list[str]]]:
+    """Runs of consecutive layers with the same heads: ("0-1", heads of layers 0 and 1), ("2", heads of layer 2)."""
+    runs = []
+    for layer, run in itertools.groupby(enumerate(head_layout), key=lambda item: item[1]):
+        indices = [index for index, _ in run]
+        runs.append((str(indices[0]) if len(indices) == 1 else f"{indices[0]}-{indices[-1]}", layer))
+    return runs
+
+
+def kind_settings(kind: HeadKind, config: HfAttnConfig) -> str:
+    fields = ", ".join(f"`{field}` = {getattr(config, field)!r}" for field in kind.config_fields)
+    return f" ({fields})" if fields else ""
+
+
+def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> list[str]:
+    """Each kind's mask over the first `size` positions (■ seen, ⬚ not), side by side, from the predicate the kernels
+    use."""
+    positions = torch.arange(size)
+    titles, grids = [], []
+    for kind in kinds:
+        window = kind.window(config)
+        titles.append(kind.name if window is None else f"{kind.name} (k = {window})")
+        seen = kind.visibility(config).predicate(positions[:, None], positions[None, :]).tolist()
+        grids.append([" ".join("■" if visible else "⬚" for visible in row) for row in seen])
+    width = max(len(title) for title in [*titles, grids[0][0]])
+    columns = [[title, *grid] for title, grid in zip(titles, grids, strict=True)]
+    return ["   ".join(column[row].ljust(width) for column in columns).rstrip() for row in range(size + 1)]
+
+
+def head_layout_section(config) -> str:
+    """What each kind of head the model has sees, how many of each every layer holds, and the masks drawn."""
     if not isinstance(config, HfAttnConfig):
         return f"GPT-2: {config.n_layer} layers of {config.n_head} global heads with causal, inclusive masks."
-    rows, start = [], 0
-    layout = config.head_layout
-    for layer in range(1, len(layout) + 1):
-        if layer == len(layout) or layout[layer] != layout[start]:
-            counts = {kind: layout[start].count(kind) for kind in ("global", "local", "positional")}
-            layers = str(start) if layer - 1 == start else f"{start}-{layer - 1}"
-            rows.append(f"| {layers} | {counts['global']} | {counts['local']} | {counts['positional']} |")
-            start = layer
-    masks = "inclusive (a token sees itself)" if config.attend_to_self else "strict (a token never sees itself)"
+    kinds = kinds_in(*config.head_layout)
+    direction = "Causal" if config.is_causal else "Bidirectional"
+    masks = (
+        "inclusive masks (a token sees itself)" if config.attend_to_self else "strict masks (a token never sees itself)"
+    )
+    strict_causal = config.is_causal and not config.attend_to_self
+    empty_row = "; position 0 sees nothing, and its attention output is zero" if strict_causal else ""
     return "\n".join([
-        "| layers | global heads | local heads | positional heads |", "|---|---|---|---|", *rows, "",
-        f"Local window k = {config.local_window}; masks {masks}; {'causal' if config.is_causal else 'bidirectional'}; "
-        f"block `{config.block_style}`; positions in the residual stream: `{config.position_embedding_type}`"
-        + (f"; positional heads read P = `{config.positional_encoding}`." if config.uses_positional_heads else "."),
+        f"{direction}, {masks}. Per kind of head:", "",
+        *(f"- **{kind.name}** heads{kind_settings(kind, config)}: {kind.describe(config)}." for kind in kinds), "",
+        "| layers | " + " | ".join(f"{kind.name} heads" for kind in kinds) + " |", "|---" * (len(kinds) + 1) + "|",
+        *(f"| {layers} | " + " | ".join(str(layer.count(kind.name)) for kind in kinds) + " |"
+          for layers, layer in layer_runs(config.head_layout)), "",
+        f"Who sees whom over the first five positions, rows are queries and columns keys{empty_row}:", "",
+        "```text", *mask_grids(kinds, config), "```", "",
+        f"Block `{config.block_style}`; positions in the residual stream: `{config.position_embedding_type}`.",
     ])  # fmt: skip
+
+
+def loading(config) -> str:
+    """How the card says to load the model: `plain` (GPT-2), `remote_code` (the code is saved beside the weights) or
+    `hf_attn` (hf_attn must be installed)."""
+    if not isinstance(config, HfAttnConfig):
+        return "plain"
+    return "remote_code" if getattr(config, "auto_map", None) else "hf_attn"
+
+
+def render_card(template: str, card_data: ModelCardData, **fields) -> ModelCard:
+    """`model_cards/<template>` filled in as `ModelCard.from_template` does, through an environment that follows the
+    templates' `extends`."""
+    text = CARD_TEMPLATES.get_template(template).render(card_data=card_data.to_yaml(), papers=PAPERS, **fields)
+    return ModelCard(text)
+
+
+# --- a run's card ----------------------------------------------------------------------------------------------
 
 
 def eval_results(results: dict, facts: ExperimentFacts, dataset_name: str) -> list[EvalResult]:
@@ -222,28 +288,67 @@ def model_card(results: dict, config, repo_id: str | None = None) -> ModelCard:
         eval_results=eval_results(results, facts, facts.dataset_name.format(**fields)),
     )  # fmt: skip
     run = {key: value for key, value in results.items() if key not in ("by_scale", "config")}
-    return ModelCard.from_template(
+    return render_card(
+        "experiment_run.md",
         card_data,
-        template_path=str(CARD_TEMPLATE),
         name=name,
         config=config,
         parameters=results["parameters"],
         paper=paper,
         training_data=facts.training.format(**fields),
         inputs=facts.inputs,
-        head_layout=head_layout_table(config),
+        head_layout=head_layout_section(config),
         results_table=results_table(results, facts),
         collapse=results.get("collapse"),
         training_yaml=yaml.safe_dump({"run": run, **results.get("config", {})}, sort_keys=False).strip(),
         auto_class=auto_class,
         repo_id=repo_id or "path/to/this/folder",
-        needs_hf_attn=isinstance(config, HfAttnConfig),
+        loading=loading(config),
     )
 
 
 def write_model_card(folder: Path, results: dict, config, repo_id: str | None = None) -> Path:
     path = Path(folder) / CARD_FILE
     model_card(results, config, repo_id).save(path)
+    return path
+
+
+# --- a model type's card, for checkpoints made by hand or by convert_gpt2 -------------------------------------------
+
+
+def model_type_card(
+    model, repo_id: str | None = None, base_model: str | None = None, conversion: str | None = None, tags=()
+) -> ModelCard:
+    """The card of a saved model that no experiment run made, from `model_cards/<model_type>.md`.
+
+    `base_model`: the Hub id of the checkpoint its weights come from; `conversion`: a paragraph on how they were
+    converted (both from `convert_gpt2`).
+    """
+    config = model.config
+    auto_class = auto_class_name(config)
+    card_data = ModelCardData(
+        model_name=repo_id or config.model_type, library_name="transformers", base_model=base_model,
+        pipeline_tag=PIPELINE_TAGS.get(auto_class),
+        tags=list(dict.fromkeys(["hf_attn", config.model_type, *(model.model_tags or []), *tags])),
+    )  # fmt: skip
+    return render_card(
+        CARD_TEMPLATES.select_template([f"{config.model_type}.md", "model.md"]).name,
+        card_data,
+        name=repo_id or config.model_type,
+        config=config,
+        parameters=model.num_parameters(),
+        conversion=conversion,
+        head_layout=head_layout_section(config),
+        auto_class=auto_class,
+        repo_id=repo_id or "path/to/this/folder",
+        loading=loading(config),
+    )
+
+
+def write_model_type_card(model, folder: str | os.PathLike, repo_id: str | None = None, **card_fields) -> Path:
+    """Writes `model_type_card` as the folder's README.md (what `save_pretrained` calls)."""
+    path = Path(folder) / CARD_FILE
+    model_type_card(model, repo_id, **card_fields).save(path)
     return path
 
 
@@ -282,3 +387,24 @@ def push_run(
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=f"hf_attn: {results['model']} run")
     return str(url)
+
+
+def push_model(
+    model, repo_id: str, *, commit_message: str | None = None, commit_description: str | None = None,
+    private: bool | None = None, token: bool | str | None = None, revision: str | None = None,
+    create_pr: bool = False, max_shard_size: int | str | None = "50GB", tags: list[str] | str | None = None,
+):  # fmt: skip
+    """`model.push_to_hub` where hf_attn is installed: transformers' push and arguments, with the model type's card
+    naming the repository in place of transformers' generic card. The card is made anew from the model at every push.
+    Returns the upload's `CommitInfo`."""
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None and not revision.startswith("refs/pr"):
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+        write_model_type_card(model, folder, repo_id, tags=[tags] if isinstance(tags, str) else tags or ())
+        return api.upload_folder(
+            repo_id=repo_id, folder_path=folder, commit_message=commit_message or f"Upload {type(model).__name__}",
+            commit_description=commit_description, revision=revision, create_pr=create_pr,
+        )  # fmt: skip

@@ -12,22 +12,10 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.pytorch_utils import Conv1D
 
-from .attention_hf_attn import (
-    FIXED_ENCODINGS,
-    Visibility,
-    apply_rotary,
-    compiled_local_attention,
-    global_attention,
-    local_attention,
-    local_attention_by_offsets,
-    local_weights_as_matrix,
-    masked_weights,
-    positional_attention,
-    positional_weights,
-    visibility_mask,
-)
+from .attention_hf_attn import FIXED_ENCODINGS, apply_rotary, positional_weights, visibility_mask
 from .cache_hf_attn import HeadKindCacheLayer
-from .configuration_hf_attn import HEAD_KINDS, HfAttnConfig
+from .configuration_hf_attn import HfAttnConfig
+from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
 
 # --- inputs shared by every layer of one forward ---------------------------------------------------------------
 
@@ -81,8 +69,6 @@ class Projection(Conv1D):
 
 
 # --- attention layer -------------------------------------------------------------------------------------------
-
-LOCAL_KERNELS = {"banded": local_attention, "compiled": compiled_local_attention}
 
 
 class InferenceWeights:
@@ -143,7 +129,7 @@ def _take_heads(x: torch.Tensor, heads: slice | list[int], dim: int = 1) -> torc
 
 
 class HfAttnAttention(nn.Module):
-    """Multi-head attention whose heads follow `config.head_layout[layer_idx]`.
+    """Multi-head attention whose heads follow `config.head_layout[layer_idx]`, run kind by kind as `HEAD_KINDS` says.
 
     `c_attn` projects to [queries of content heads | keys of content heads | values of all heads], heads in
     layout order (a global-only layout is GPT-2's `c_attn`). Queries and keys are `content_qk_dim` wide, values
@@ -157,19 +143,19 @@ class HfAttnAttention(nn.Module):
         self.layer_idx = layer_idx
         self.head_dim = config.n_embd // config.n_head
         self.qk_dim = config.content_qk_dim
-        content_heads = [h for h, kind in enumerate(layout) if kind != "positional"]
+        content_heads = [h for h, name in enumerate(layout) if HEAD_KINDS[name].content]
         self.num_content_heads = len(content_heads)
-        self.kinds = [kind for kind in HEAD_KINDS if kind in layout]
+        self.kinds = kinds_in(layout)
         # Per kind: where its heads sit among the values (all heads) and among queries/keys (content heads).
         self.value_heads = {
-            kind: _index_or_slice([h for h, k in enumerate(layout) if k == kind]) for kind in self.kinds
+            kind.name: _index_or_slice([h for h, name in enumerate(layout) if name == kind.name]) for kind in self.kinds
         }
         self.content_heads = {
-            kind: _index_or_slice([i for i, h in enumerate(content_heads) if layout[h] == kind])
+            kind.name: _index_or_slice([i for i, h in enumerate(content_heads) if layout[h] == kind.name])
             for kind in self.kinds
-            if kind != "positional"
+            if kind.content
         }
-        kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind]
+        kind_order = [h for kind in self.kinds for h in range(config.n_head) if layout[h] == kind.name]
         # argsort of kind_order: where each head of the layout sits among the heads grouped by kind
         restore_order = sorted(range(config.n_head), key=kind_order.__getitem__)
         self.restore_order = None if kind_order == sorted(kind_order) else restore_order
@@ -178,7 +164,7 @@ class HfAttnAttention(nn.Module):
         self.c_attn = Projection(query_key_width + config.n_embd, config.n_embd, in_attention=True,
                                  parts=(query_key_width, config.n_embd))  # fmt: skip
         self.c_proj = Projection(config.n_embd, config.n_embd, in_attention=True, writes_residual=True)
-        self.num_positional_heads = layout.count("positional")
+        self.num_positional_heads = config.n_head - self.num_content_heads
         if self.num_positional_heads:
             self.positional_qk_dim = config.positional_qk_dim
             query_key_width = 2 * self.num_positional_heads * config.positional_qk_dim
@@ -190,11 +176,8 @@ class HfAttnAttention(nn.Module):
         self.scale = self.qk_dim**-0.5 if config.scale_attn_weights else 1.0
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
-        self.visibility = {
-            kind: Visibility(config.is_causal, config.attend_to_self, config.local_window if kind == "local" else None)
-            for kind in self.kinds
-        }
-        self.local_impl = LOCAL_KERNELS[config.local_attention_impl]
+        self.visibility = {kind.name: kind.visibility(config) for kind in self.kinds}
+        self.kernels = {kind.name: kind.kernel(config) for kind in self.kinds}
 
     def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = hidden_states.shape
@@ -219,15 +202,15 @@ class HfAttnAttention(nn.Module):
         dropout = self.attn_dropout.p if self.training else 0.0
         outputs, weights = [], []
         for kind in self.kinds:
-            values = _take_heads(v, self.value_heads[kind])
-            if kind == "positional":
-                out, w = self.positional_heads(values, length, inputs, cache_layer, dropout)
-            else:
-                queries = _take_heads(q, self.content_heads[kind])
-                keys = _take_heads(k, self.content_heads[kind])
+            values = _take_heads(v, self.value_heads[kind.name])
+            if kind.content:
+                queries = _take_heads(q, self.content_heads[kind.name])
+                keys = _take_heads(k, self.content_heads[kind.name])
                 out, w = self.content_heads_forward(
                     kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
                 )
+            else:
+                out, w = self.positional_heads(kind, values, length, inputs, cache_layer, dropout)
             outputs.append(out)
             weights.append(w)
         if cache_layer is not None:
@@ -247,43 +230,38 @@ class HfAttnAttention(nn.Module):
         """Heads come out grouped by kind; put them back in layout order along the head dimension `dim`."""
         return x if self.restore_order is None else _take_heads(x, self.restore_order, dim)
 
-    def content_heads_forward(self, kind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+    def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
         if cache_layer is not None:
-            update = cache_layer.update_global if kind == "global" else cache_layer.update_local
-            k, v = update(k, v)
+            cached = cache_layer.update(kind, keys=k, values=v)
+            k, v = cached["keys"], cached["values"]
         key_mask = None if inputs.key_mask is None else inputs.key_mask[:, -k.shape[-2] :]
-        visibility = self.visibility[kind]
-        if output_attentions and kind == "local":
-            out, w, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, self.scale, dropout)
-            return out, local_weights_as_matrix(w, offsets, k.shape[-2])
+        visibility = self.visibility[kind.name]
         if output_attentions:
-            w = masked_weights(
-                q, k, visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device), self.scale
-            )
-            return torch.matmul(nn.functional.dropout(w, dropout), v), w
-        attend = global_attention if kind == "global" else self.local_impl
-        return attend(q, k, v, visibility, key_mask, self.scale, dropout), None
+            return kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout)
+        return self.kernels[kind.name](q, k, v, visibility, key_mask, self.scale, dropout), None
 
-    def positional_heads(self, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float):
+    def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float):
         """Weights from P alone: one (1, H_pos, T, S) tensor for the whole batch unless padding shifts positions."""
         if cache_layer is not None:
-            v = cache_layer.update_positional(v)
+            v = cache_layer.update(kind, values=v)["values"]
         whole_sequence = length == inputs.num_keys  # not a decoding step
         weights = self.inference_weights.get(self.p_attn, inputs) if whole_sequence else None
         if weights is None:
-            weights = self.weights_from_positions(length, inputs, v.device)
+            weights = self.weights_from_positions(kind, length, inputs, v.device)
             if whole_sequence:
                 self.inference_weights.keep(self.p_attn, inputs, weights)
         weights = weights.to(v.dtype)
-        return positional_attention(weights, v, dropout), weights
+        return self.kernels[kind.name](weights, v, dropout), weights
 
-    def weights_from_positions(self, length: int, inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
+    def weights_from_positions(
+        self, kind: HeadKind, length: int, inputs: AttentionInputs, device: torch.device
+    ) -> torch.Tensor:
         rows = inputs.positional_rows  # (B|1, S, d_P)
         num_keys = rows.shape[1]
         projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
         pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
         pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
-        visibility = self.visibility["positional"]
+        visibility = self.visibility[kind.name]
         mask = visibility_mask(visibility, length, inputs.key_mask, num_keys, device)
         every_row_sees_a_key = visibility.attend_to_self and inputs.key_mask is None
         return positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5, every_row_sees_a_key)

@@ -5,6 +5,9 @@ layout. What differs lives in `layers_hf_attn.py` (attention by head kind, block
 position encoding, numeric inputs, positions counted over real tokens, and the cache.
 """
 
+import os
+from typing import ClassVar, Protocol
+
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -25,16 +28,41 @@ from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, Projection
 # --- trunk -----------------------------------------------------------------------------------------------------
 
 
+class Sharing(Protocol):
+    """What hf_attn adds to saving and pushing where it is installed: `hf_attn.hub`, whose model card templates are
+    not exported with this code."""
+
+    def write_model_type_card(self, model: PreTrainedModel, folder: str | os.PathLike) -> object: ...
+
+    def push_model(self, model: PreTrainedModel, repo_id: str, **push_kwargs) -> object: ...
+
+
 class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # each head kind picks its own kernel (SDPA-based) whatever `attn_implementation` says
+    # Set to `hf_attn.hub` when hf_attn is imported. Where this file runs as remote code without hf_attn it stays None,
+    # and saving and pushing are transformers' own (without a card: the templates are not exported).
+    sharing: ClassVar[Sharing | None] = None
 
     def __init__(self, config: HfAttnConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
         # Only this model's block class: FSDP's default wrapping (and `device_map`) fail on a listed class it lacks.
         self._no_split_modules = [BLOCKS[config.block_style].__name__]
+
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
+        """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md."""
+        super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
+        if self.sharing is not None and is_main_process:
+            self.sharing.write_model_type_card(self, save_directory)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """transformers' `push_to_hub`, with this model's card in place of the generic one where hf_attn is installed
+        (`hf_attn.hub.push_model`)."""
+        if self.sharing is None:
+            return super().push_to_hub(repo_id, **kwargs)
+        return self.sharing.push_model(self, repo_id, **kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -275,7 +303,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if cache is not None and not isinstance(cache, HeadKindCache):
             raise ValueError(f"`cache` must be a HeadKindCache (made by the model itself), got {type(cache).__name__}.")
         if use_cache and cache is None:
-            cache = HeadKindCache(self.config.n_layer, self.config.local_window)
+            cache = HeadKindCache(self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None and attention_mask.shape[-1] != past_length + length:
             raise ValueError(

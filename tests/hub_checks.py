@@ -7,8 +7,10 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 from transformers import AutoTokenizer
 
-HF_ATTN_CODE = {"configuration_hf_attn.py", "modeling_hf_attn.py", "layers_hf_attn.py", "attention_hf_attn.py",
-                "cache_hf_attn.py"}  # fmt: skip
+import hf_attn
+
+# The model files, which `save_pretrained` must export for remote code: every `*_hf_attn.py` module of the package.
+HF_ATTN_CODE = {path.name for path in Path(hf_attn.__file__).parent.glob("*_hf_attn.py")}
 AUTO_MAP_KEYS = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
                  "AutoModelForTokenClassification"}  # fmt: skip
 

@@ -78,7 +78,7 @@ def test_masked_models_are_the_local_models_on_masked_sdpa():
         torch.manual_seed(0)
         model = build_model(name, shape).eval()
         logits[name] = model(input_ids).logits
-        routes[name] = {module.local_impl for module in model.modules() if isinstance(module, HfAttnAttention)}
+        routes[name] = {m.kernels["local"] for m in model.modules() if isinstance(m, HfAttnAttention)}
     assert routes == {"local-4": {local_attention}, "local-4 masked": {masked_local_attention}}
     torch.testing.assert_close(logits["local-4 masked"], logits["local-4"], atol=1e-5, rtol=1e-5)
 

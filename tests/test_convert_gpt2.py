@@ -8,10 +8,12 @@ import sys
 import pytest
 import torch
 from conftest import tiny_config
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPT2Model, PreTrainedTokenizerFast
 
 from hf_attn import convert_gpt2
-from hf_attn.convert_gpt2 import main
+from hf_attn.convert_gpt2 import conversion_note, main
+from hf_attn.hub import write_model_type_card
 
 # Non-default values wherever GPT-2 has a choice, to see each carried over; dropout stays on (eval mode ignores it).
 GPT2_FIELDS = dict(
@@ -153,7 +155,27 @@ def test_cli_writes_model_tokenizer_and_summary(gpt2_dir, tmp_path):
     assert (config["local_window"], config["attend_to_self"], config["n_embd"]) == (1, True, 32)
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert "parameters" in result.stdout and "layers 0-1: 2 global + 2 local" in result.stdout
-    assert "inclusive masks" in result.stdout and "saved the tokenizer" in result.stdout
+    assert "local_window=1, inclusive masks" in result.stdout and "saved the tokenizer" in result.stdout
+    card = ModelCard.load(out / "README.md")
+    assert "hybrid_gpt2" in card.data.tags and card.data.base_model is None  # a local folder is no Hub id
+    assert "Its weights come from a GPT-2 checkpoint, converted by `hf_attn.convert_gpt2`" in card.text
+    assert "Its local heads change what GPT-2's heads see" in card.text  # inclusive masks: only the local heads
+    assert (
+        "- **local** heads (`local_window` = 1): each query attends by content to the previous position and itself"
+        in card.text
+    )
+
+
+def test_the_card_says_where_the_weights_come_from_and_what_the_layout_changes(gpt2, tmp_path):
+    same = convert_gpt2(gpt2, "hybrid_gpt2", num_local_heads=0, attend_to_self=True)
+    note = conversion_note("openai-community/gpt2", same.config)
+    assert note.startswith("Its weights come from the GPT-2 checkpoint `openai-community/gpt2`")
+    assert note.endswith("With global heads and inclusive masks only, it computes what GPT-2 does.")
+    local = convert_gpt2(gpt2, "local_gpt2")
+    assert "Its local heads and strict masks change what GPT-2's heads see" in conversion_note(None, local.config)
+    local.save_pretrained(tmp_path)
+    write_model_type_card(local, tmp_path, base_model="openai-community/gpt2", conversion=note)
+    assert ModelCard.load(tmp_path / "README.md").data.base_model == "openai-community/gpt2"
 
 
 @pytest.mark.parametrize(
@@ -187,7 +209,7 @@ def test_bad_sources_and_overrides_are_refused(gpt2, tmp_path):
         convert_gpt2(gpt2, n_embd=64)
     with pytest.raises(ValueError, match="`position_embedding_type` must be 'learned'"):
         convert_gpt2(gpt2, position_embedding_type="rope")
-    with pytest.raises(ValueError, match="'positional' heads have no GPT-2 counterpart"):
+    with pytest.raises(ValueError, match=r"\['positional'\] heads have no GPT-2 counterpart"):
         convert_gpt2(gpt2, head_layout=[["global", "local", "positional", "global"]] * 2)
     with pytest.raises(ValueError, match="`local_wndow` is not a field of HybridGPT2Config"):
         convert_gpt2(gpt2, local_wndow=2)

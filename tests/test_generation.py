@@ -75,17 +75,17 @@ def test_local_only_cache_stays_the_same_size_as_the_context_grows():
     model = generation_model("local_gpt2", local_window=3)
     sizes = {length: cache_after(model, length).memory_bytes() for length in (5, 20, 60)}
     assert len(set(sizes.values())) == 1, sizes
-    layer = cache_after(model, 60).layers[0]
-    assert layer.local_keys.shape[-2] == 3 and layer.global_keys is None and layer.positional_values is None
+    cached = cache_after(model, 60).layers[0].tensors()
+    assert set(cached) == {"local_keys", "local_values"} and cached["local_keys"].shape[-2] == 3
 
 
 def test_cache_keeps_per_kind_what_the_kind_needs():
     layout = ["global", "local", "positional", "positional"]
     model = generation_model("hybrid_gpt2", head_layout=[layout, layout], local_window=2)
-    layer = cache_after(model, 10).layers[1]
-    assert layer.global_keys.shape == layer.global_values.shape == (2, 1, 10, 8)
-    assert layer.local_keys.shape == layer.local_values.shape == (2, 1, 2, 8)
-    assert layer.positional_values.shape == (2, 2, 10, 8)
+    cached = cache_after(model, 10).layers[1].tensors()
+    assert cached["global_keys"].shape == cached["global_values"].shape == (2, 1, 10, 8)
+    assert cached["local_keys"].shape == cached["local_values"].shape == (2, 1, 2, 8)
+    assert cached["positional_values"].shape == (2, 2, 10, 8) and "positional_keys" not in cached
     assert cache_after(model, 20).memory_bytes() > cache_after(model, 10).memory_bytes()
 
 

@@ -1,6 +1,7 @@
 """Hub-ready run folders and `--push_to_hub`, against a local stand-in for the Hub's API: nothing leaves the machine."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 import torch
 from hub_checks import check_hub_folder
 from huggingface_hub import ModelCard, RepoUrl
-from transformers import AutoConfig, AutoModelForTokenClassification, TrainingArguments
+from naive import visible_keys
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, TrainingArguments
 
 import hf_attn.hub
 import training.algorithmic as algorithmic
@@ -62,7 +64,8 @@ def test_every_run_saves_a_hub_ready_folder_with_its_results_in_the_card(tmp_pat
     for run in RUNS:
         card = check_hub_folder(tmp_path / "out" / run / "model", {"mse", "accuracy"}, tokenizer=False)
         assert "arxiv:2410.01686" in card.data.tags and card.data.pipeline_tag == "token-classification"
-        assert "| layers | global heads | local heads | positional heads |" in card.text
+        heads = "positional" if run.split("/")[1] == "positional" else "global"  # the quickstart's two models
+        assert f"| layers | {heads} heads |" in card.text
         assert 'from_pretrained("path/to/this/folder", trust_remote_code=True)' in card.text
 
 
@@ -167,9 +170,93 @@ def test_an_invalid_repo_id_stops_before_training(tmp_path, hub):
     assert not list(tmp_path.glob("out/**/results.json")) and not hub.created
 
 
-def test_the_head_layout_table_counts_each_kind_per_run_of_equal_layers():
+def test_the_head_layout_table_counts_each_kind_present_per_run_of_equal_layers():
     layout = [["global", "local"], ["global", "local"], ["local", "local"], ["global", "local"]]
     config = AutoConfig.for_model("hybrid_gpt2", n_layer=4, n_head=2, n_embd=8, head_layout=layout, local_window=3)
-    rows = [line for line in hf_attn.hub.head_layout_table(config).splitlines() if line.startswith("| ")]
-    assert rows[1:] == ["| 0-1 | 1 | 1 | 0 |", "| 2 | 0 | 2 | 0 |", "| 3 | 1 | 1 | 0 |"]
-    assert "k = 3" in hf_attn.hub.head_layout_table(config)
+    rows = [line for line in hf_attn.hub.head_layout_section(config).splitlines() if line.startswith("| ")]
+    assert rows == ["| layers | global heads | local heads |", "| 0-1 | 1 | 1 |", "| 2 | 0 | 2 |", "| 3 | 1 | 1 |"]
+    assert "the 3 previous positions" in hf_attn.hub.head_layout_section(config)
+
+
+# --- cards describe the model they are for ----------------------------------------------------------------------
+
+CARD_CASES = {  # model type and fields; the kinds it has, each with the window it sees (None: all visible positions)
+    "bidirectional positional (the quickstart's)": (
+        "positional_gpt2", dict(is_causal=False, n_positions=9), {"positional": None}),
+    "causal strict hybrid": ("hybrid_gpt2", dict(local_window=2), {"global": None, "local": 2}),
+    "causal inclusive mixed": (
+        "hybrid_gpt2", dict(head_layout=[["positional", "local"] * 2] * 2, attend_to_self=True, local_window=1),
+        {"local": 1, "positional": None}),
+    "bidirectional strict local": ("local_gpt2", dict(is_causal=False, local_window=1), {"local": 1}),
+}  # fmt: skip
+PHRASES = {  # (kind, is_causal, attend_to_self, window): what the card must say each query of that kind sees
+    ("positional", False, True, None): "each query weighs every position by the fixed positional encoding P alone",
+    ("global", True, False, None): "each query attends by content to every earlier position.",
+    ("local", True, False, 2): "each query attends by content to the 2 previous positions only.",
+    ("local", True, True, 1): "each query attends by content to the previous position and itself only.",
+    ("positional", True, True, None): "each query weighs every earlier position and itself by the fixed",
+    ("local", False, False, 1): "each query attends by content to the nearest position on each side only.",
+}
+
+
+def drawn_masks(card_text: str, kinds: list[str]) -> dict[str, list[list[bool]]]:
+    """The card's mask grids by kind: rows of ■ (seen) and ⬚ (not), one grid per kind side by side."""
+    block = card_text.split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert re.split(r" {3,}", block[0]) == [kind if window is None else f"{kind} (k = {window})"
+                                             for kind, window in kinds]  # fmt: skip
+    grids = {kind: [] for kind, _ in kinds}
+    for line in block[1:]:
+        for (kind, _), row in zip(kinds, re.split(r" {3,}", line), strict=True):
+            grids[kind].append([cell == "■" for cell in row.split()])
+    return grids
+
+
+@pytest.mark.parametrize("case", CARD_CASES)
+def test_a_card_describes_only_the_kinds_and_masks_the_model_has(case, tmp_path):
+    model_type, fields, kinds = CARD_CASES[case]
+    config = AutoConfig.for_model(model_type, n_layer=2, n_head=4, n_embd=16, vocab_size=11, **fields)
+    AutoModelForTokenClassification.from_config(config).save_pretrained(tmp_path)
+    text = ModelCard.load(tmp_path / "README.md").text
+    section = text.split("## Head layout", 1)[1].split("## Use", 1)[0]
+    for kind in ("global", "local", "positional"):
+        assert (kind in section.lower()) == (kind in kinds), kind
+    assert ("k = " in section) == any(window is not None for window in kinds.values())
+    direction = "Causal" if config.is_causal else "Bidirectional"
+    masks = "inclusive masks (a token sees itself)" if config.attend_to_self else "strict masks (a token never sees"
+    assert section.lstrip().startswith(f"{direction}, {masks}")
+    for kind, window in kinds.items():
+        assert PHRASES[kind, config.is_causal, config.attend_to_self, window] in section
+    for kind, grid in drawn_masks(section, list(kinds.items())).items():
+        window = kinds[kind]
+        assert grid == [[key in visible_keys(query, 5, config.is_causal, config.attend_to_self, window)
+                         for key in range(5)] for query in range(5)], kind  # fmt: skip
+    assert ("position 0 sees nothing" in section) == (config.is_causal and not config.attend_to_self)
+
+
+def test_a_hand_built_model_saves_and_pushes_with_its_model_type_card(tmp_path, hub):
+    config = AutoConfig.for_model("local_gpt2", n_layer=2, n_head=2, n_embd=16, vocab_size=11, local_window=1)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path / "plain")  # no code beside the weights: loading needs hf_attn
+    card = ModelCard.load(tmp_path / "plain" / "README.md")
+    assert "local_gpt2" in card.data.tags and card.data.pipeline_tag == "text-generation"
+    assert (
+        "arXiv 2605.00768" in card.text and "import hf_attn" in card.text and "trust_remote_code=True)" not in card.text
+    )
+
+    hf_attn.enable_remote_code(model)
+    model.save_pretrained(tmp_path / "remote")
+    card = ModelCard.load(tmp_path / "remote" / "README.md")
+    assert 'from_pretrained("path/to/this/folder", trust_remote_code=True)' in card.text
+
+    model.add_model_tags("tiny")
+    model.push_to_hub("me/tiny-local", private=True, tags=["demo"], token="hf_stand_in")
+    assert hub.created == [("me/tiny-local", True)] and hub.uploaded == ["me/tiny-local"] and hub.token == "hf_stand_in"
+    pushed = hub.root / "me/tiny-local"
+    assert {path.name for path in pushed.iterdir()} == {path.name for path in (tmp_path / "remote").iterdir()}
+    card = ModelCard.load(pushed / "README.md")
+    assert 'from_pretrained("me/tiny-local", trust_remote_code=True)' in card.text
+    assert card.data.model_name == "me/tiny-local" and {"hf_attn", "local_gpt2", "tiny", "demo"} <= set(card.data.tags)
+    loaded = AutoModelForCausalLM.from_pretrained(pushed)
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    )

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 from conftest import MODEL_TYPES, tiny_config
+from hub_checks import HF_ATTN_CODE
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -76,6 +77,7 @@ def test_autoconfig_builds_each_type():
 
 REMOTE_SCRIPT = textwrap.dedent(
     """
+    import os
     import sys
     sys.modules["hf_attn"] = None  # importing hf_attn now fails: only the exported code can load the model
     import torch
@@ -98,6 +100,9 @@ REMOTE_SCRIPT = textwrap.dedent(
     torch.testing.assert_close(logits, expected["logits"], atol=0, rtol=0)
     tokens = model.generate(expected["input_ids"], max_new_tokens=5, do_sample=False)
     assert torch.equal(tokens, expected["tokens"])
+    model.save_pretrained(path + "-resaved")  # transformers' own save: the card templates stay with hf_attn
+    assert os.path.isfile(os.path.join(path + "-resaved", "model.safetensors"))
+    assert not os.path.exists(os.path.join(path + "-resaved", "README.md"))
     print("remote ok", type(model).__name__)
     """
 )
@@ -110,14 +115,7 @@ def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     model.save_pretrained(tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", *AUTO_CLASSES}
-    exported = {
-        "modeling_hf_attn.py",
-        "layers_hf_attn.py",
-        "configuration_hf_attn.py",
-        "attention_hf_attn.py",
-        "cache_hf_attn.py",
-    }
-    assert exported <= set(os.listdir(tmp_path / "model"))
+    assert HF_ATTN_CODE <= set(os.listdir(tmp_path / "model"))
     input_ids = torch.randint(3, 37, (2, 6))
     with torch.no_grad():
         outputs = model(input_ids, output_hidden_states=True)

@@ -1,0 +1,119 @@
+"""The table of head kinds: for each kind, the kernel that runs its heads, what it sees, what the decoding cache
+keeps for it and which config fields it reads.
+
+The configuration (which names `head_layout` may hold), the attention layer (which kernel runs which heads), the
+cache (what it keeps) and the model cards (what they describe) all iterate over `HEAD_KINDS`, so a fourth kind is a
+new entry here, its kernel in `attention_hf_attn.py` and its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .attention_hf_attn import (
+    Visibility,
+    compiled_local_attention,
+    global_attention,
+    local_attention,
+    local_attention_with_weights,
+    masked_attention_with_weights,
+    positional_attention,
+)
+
+if TYPE_CHECKING:
+    from .configuration_hf_attn import HfAttnConfig
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """One kind of attention head.
+
+    Content kinds (`content=True`) take queries and keys from the hidden states through the layer's `c_attn`; their
+    kernels are `(q, k, v, visibility, key_mask, scale, dropout) -> (B, H, T, D)`. The positional kind takes its
+    weights from the positional encoding P through the layer's `p_attn`, the same for every input; its kernel is
+    `(weights, v, dropout) -> (B, H, T, D)`. Every kind takes its values from the hidden states. A layer has one
+    `p_attn` for all its heads that are not content heads, so `positional` is the only such kind.
+    """
+
+    name: str  # as written in `head_layout`
+    content: bool
+    kernels: Mapping[str, Callable]  # the functions that can run its heads, by the value of `kernel_field`
+    cached: tuple[str, ...]  # what decoding keeps per token: "keys" and "values", or "values" only
+    summary: str  # what its heads do, for model cards: "{visible}" becomes the keys a query sees
+    kernel_field: str | None = None  # the config field choosing among `kernels`; None when there is one kernel
+    kernel_with_weights: Callable | None = None  # content kinds: also returns the (B, H, T, S) weights
+    window_field: str | None = None  # the config field bounding how far a query sees, and how much is cached
+    config_fields: tuple[str, ...] = ()  # the config fields that shape what this kind alone computes
+
+    def kernel(self, config: HfAttnConfig) -> Callable:
+        choice = getattr(config, self.kernel_field) if self.kernel_field else next(iter(self.kernels))
+        return self.kernels[choice]
+
+    def window(self, config: HfAttnConfig) -> int | None:
+        """How many positions back (and, when bidirectional, ahead) a query sees; None for all of them. The cache
+        keeps as many past tokens."""
+        return getattr(config, self.window_field) if self.window_field else None
+
+    def visibility(self, config: HfAttnConfig) -> Visibility:
+        return Visibility(config.is_causal, config.attend_to_self, self.window(config))
+
+    def describe(self, config: HfAttnConfig) -> str:
+        """What each of its heads does, for the model card."""
+        return self.summary.format(visible=visible_keys(self.visibility(config)))
+
+
+def visible_keys(visibility: Visibility) -> str:
+    """The keys a query sees, in words, for model cards: read from the same `Visibility` the kernels get."""
+    k = visibility.local_window
+    if k is None and not visibility.is_causal and visibility.attend_to_self:
+        return "every position"
+    if k is None:
+        seen = "every earlier position" if visibility.is_causal else "every other position"
+    elif visibility.is_causal:
+        seen = "the previous position" if k == 1 else f"the {k} previous positions"
+    else:
+        seen = "the nearest position on each side" if k == 1 else f"the {k} nearest positions on each side"
+    return f"{seen} and itself" if visibility.attend_to_self else seen
+
+
+GLOBAL = HeadKind(
+    name="global",
+    content=True,
+    kernels={"sdpa": global_attention},
+    kernel_with_weights=masked_attention_with_weights,
+    cached=("keys", "values"),
+    summary="each query attends by content to {visible}",
+)
+LOCAL = HeadKind(
+    name="local",
+    content=True,
+    kernels={"banded": local_attention, "compiled": compiled_local_attention},
+    kernel_field="local_attention_impl",
+    kernel_with_weights=local_attention_with_weights,
+    cached=("keys", "values"),  # the last `local_window` only: a k-local head never looks further back
+    window_field="local_window",
+    config_fields=("local_window",),
+    summary="each query attends by content to {visible} only",
+)
+POSITIONAL = HeadKind(
+    name="positional",
+    content=False,
+    kernels={"shared_weights": positional_attention},
+    cached=("values",),  # its weights come from positions, not from the keys of past tokens
+    config_fields=("positional_encoding", "positional_encoding_dim", "positional_qk_dim"),
+    summary="each query weighs {visible} by the fixed positional encoding P alone, with the same weights for "
+    "every input (the values still come from the data)",
+)
+
+# In the order a layer groups its heads by kind.
+HEAD_KINDS: dict[str, HeadKind] = {kind.name: kind for kind in (GLOBAL, LOCAL, POSITIONAL)}
+
+
+def kinds_in(*layers: list[str]) -> list[HeadKind]:
+    """The kinds that some head of `layers` (lists of kind names, as in `head_layout`) has, in table order."""
+    return [kind for kind in HEAD_KINDS.values() if any(kind.name in layer for layer in layers)]
+
+
+__all__ = ["HeadKind", "HEAD_KINDS", "GLOBAL", "LOCAL", "POSITIONAL", "kinds_in", "visible_keys"]
