@@ -191,9 +191,16 @@ def layer_runs(head_layout: list[list[str]]) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def kind_settings(kind: HeadKind, config: HfAttnConfig) -> str:
-    fields = ", ".join(f"`{field}` = {getattr(config, field)!r}" for field in kind.config_fields)
-    return f" ({fields})" if fields else ""
+def head_counts(config: HfAttnConfig) -> list[tuple[str, dict[str, int]]]:
+    """Per run of equal layers (see `layer_runs`), how many heads of each kind the model has it holds."""
+    kinds = kinds_in(*config.head_layout)
+    return [(layers, {kind.name: layer.count(kind.name) for kind in kinds}) for layers, layer in
+            layer_runs(config.head_layout)]  # fmt: skip
+
+
+def kind_settings(kind: HeadKind, config: HfAttnConfig) -> dict:
+    """The config fields that shape what heads of `kind` see, e.g. `{"local_window": 2}`."""
+    return {field: getattr(config, field) for field in kind.config_fields}
 
 
 def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> list[str]:
@@ -211,6 +218,11 @@ def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> li
     return ["   ".join(column[row].ljust(width) for column in columns).rstrip() for row in range(size + 1)]
 
 
+def settings_note(kind: HeadKind, config: HfAttnConfig) -> str:
+    fields = ", ".join(f"`{field}` = {value!r}" for field, value in kind_settings(kind, config).items())
+    return f" ({fields})" if fields else ""
+
+
 def head_layout_section(config) -> str:
     """What each kind of head the model has sees, how many of each every layer holds, and the masks drawn."""
     if not isinstance(config, HfAttnConfig):
@@ -224,10 +236,10 @@ def head_layout_section(config) -> str:
     empty_row = "; position 0 sees nothing, and its attention output is zero" if strict_causal else ""
     return "\n".join([
         f"{direction}, {masks}. Per kind of head:", "",
-        *(f"- **{kind.name}** heads{kind_settings(kind, config)}: {kind.describe(config)}." for kind in kinds), "",
+        *(f"- **{kind.name}** heads{settings_note(kind, config)}: {kind.describe(config)}." for kind in kinds), "",
         "| layers | " + " | ".join(f"{kind.name} heads" for kind in kinds) + " |", "|---" * (len(kinds) + 1) + "|",
-        *(f"| {layers} | " + " | ".join(str(layer.count(kind.name)) for kind in kinds) + " |"
-          for layers, layer in layer_runs(config.head_layout)), "",
+        *(f"| {layers} | " + " | ".join(map(str, counts.values())) + " |" for layers, counts in head_counts(config)),
+        "",
         f"Who sees whom over the first five positions, rows are queries and columns keys{empty_row}:", "",
         "```text", *mask_grids(kinds, config), "```", "",
         f"Block `{config.block_style}`; positions in the residual stream: `{config.position_embedding_type}`.",
@@ -355,11 +367,18 @@ def write_model_type_card(model, folder: str | os.PathLike, repo_id: str | None 
 # --- pushing -------------------------------------------------------------------------------------------------
 
 
+def hub_offline() -> bool:
+    """Whether the Hub is off by the user's choice, read when asked (tests and notebooks set it late): HF_HUB_OFFLINE
+    or TRANSFORMERS_OFFLINE (huggingface_hub, transformers) or HF_DATASETS_OFFLINE (datasets) set to a true value."""
+    return any(os.environ.get(name, "").upper() in constants.ENV_VARS_TRUE_VALUES
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"))  # fmt: skip
+
+
 def hub_problems(push_to_hub: bool, hub_token: str | None) -> list[str]:
     """Why a push could not work, found before any training: offline mode or no token."""
     if not push_to_hub:
         return []
-    if constants.HF_HUB_OFFLINE:
+    if hub_offline():
         return ["push_to_hub needs the Hub, but HF_HUB_OFFLINE is set: unset it, or push the saved folders later"]
     if not (hub_token or get_token()):
         return ["push_to_hub needs a Hub token: run `hf auth login`, set HF_TOKEN, or pass --hub_token"]

@@ -51,7 +51,8 @@ class StandInHub:
 def hub(tmp_path, monkeypatch) -> StandInHub:
     stand_in = StandInHub(tmp_path / "hub")
     monkeypatch.setattr(hf_attn.hub, "HfApi", stand_in)
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
     return stand_in
 
 
@@ -148,10 +149,11 @@ def test_push_to_hub_false_stays_off():
 
 
 def test_push_without_the_hub_or_a_token_stops_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE"):
         tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in")
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(hf_attn.hub, "get_token", lambda: None)
     with pytest.raises(ValueError, match="hf auth login"):
         tiny_run(tmp_path / "out", "--push_to_hub", "me/attn")

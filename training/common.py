@@ -17,9 +17,8 @@ import yaml
 from transformers import AutoConfig, HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from hf_attn.data.wikitext import hub_offline
 from hf_attn.experiments import Run, is_main_process, safetensors_problem, wait_for_everyone, write_report
-from hf_attn.hub import hub_problems, push_run, run_repo_id
+from hf_attn.hub import hub_offline, hub_problems, push_run, run_repo_id
 
 USAGE = "%(prog)s CONFIG.yaml [--field value ...]"
 DESCRIPTION = (
