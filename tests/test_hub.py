@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 
 import hf_attn.hub
 import training.algorithmic as algorithmic
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
@@ -57,7 +57,7 @@ def hub(tmp_path, monkeypatch) -> StandInHub:
 
 
 def tiny_run(output_dir: Path, *extra: str) -> None:
-    algorithmic.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
+    algorithmic.FAMILY.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
 
 
 def test_every_run_saves_a_hub_ready_folder_with_its_results_in_the_card(tmp_path):
