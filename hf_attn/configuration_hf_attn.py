@@ -136,8 +136,8 @@ class HfAttnConfig(GPT2Config):
 
     def _check_shape(self):
         """Checks needed before a preset layout can be built (the rest is in `validate_*`)."""
-        for field in ("n_layer", "n_head", "n_embd", "n_positions"):
-            if getattr(self, field) < 1:
+        for field in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_inner"):
+            if getattr(self, field) is not None and getattr(self, field) < 1:  # n_inner None: 4 * n_embd
                 raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
         if self.n_embd % self.n_head:
             raise ValueError(f"`n_embd` ({self.n_embd}) must be divisible by `n_head` ({self.n_head}).")

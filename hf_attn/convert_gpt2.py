@@ -13,12 +13,11 @@ import copy
 import dataclasses
 from pathlib import Path
 
-from huggingface_hub import is_offline_mode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config
 from .head_kinds_hf_attn import GLOBAL, HEAD_KINDS, kinds_in
-from .hub import layer_runs, write_model_type_card
+from .hub import head_counts, hub_offline, kind_settings, layer_runs, write_model_type_card
 from .modeling_hf_attn import HfAttnLMHeadModel
 
 CONVERTIBLE = {"hybrid_gpt2": HybridGPT2Config, "local_gpt2": LocalGPT2Config}
@@ -43,7 +42,7 @@ def load_gpt2(model_or_path: str | Path | GPT2LMHeadModel) -> GPT2LMHeadModel:
     try:
         source_config = AutoConfig.from_pretrained(model_or_path)
     except OSError as error:
-        offline = " (HF_HUB_OFFLINE is set: only local folders and cached Hub ids load)" if is_offline_mode() else ""
+        offline = " (HF_HUB_OFFLINE is set: only local folders and cached Hub ids load)" if hub_offline() else ""
         raise ValueError(
             f"`model_or_path`={str(model_or_path)!r} is neither a checkpoint folder nor a loadable Hub id{offline}: "
             "pass a folder saved with save_pretrained, a Hub id such as 'gpt2', or a GPT2LMHeadModel."
@@ -112,12 +111,12 @@ def convert_gpt2(
 def layout_summary(config: HfAttnConfig) -> list[str]:
     """One line per run of layers with the same heads, then the window and masks."""
     lines = []
-    for layers, layer in layer_runs(config.head_layout):
-        counts = " + ".join(f"{layer.count(kind.name)} {kind.name}" for kind in kinds_in(layer))
+    for (layers, counts), (_, layer) in zip(head_counts(config), layer_runs(config.head_layout), strict=True):
+        held = " + ".join(f"{count} {kind}" for kind, count in counts.items() if count)
         order = f" ({', '.join(layer)})" if len(set(layer)) > 1 else ""
-        lines.append(f"{'layers' if '-' in layers else 'layer'} {layers}: {counts}{order}")
-    settings = [f"{field}={getattr(config, field)!r}" for kind in kinds_in(*config.head_layout)
-                for field in kind.config_fields]  # fmt: skip
+        lines.append(f"{'layers' if '-' in layers else 'layer'} {layers}: {held}{order}")
+    settings = [f"{field}={value!r}" for kind in kinds_in(*config.head_layout)
+                for field, value in kind_settings(kind, config).items()]  # fmt: skip
     masks = "inclusive" if config.attend_to_self else "strict"
     lines.append(", ".join([*settings, f"{masks} masks (attend_to_self={config.attend_to_self})"]))
     return lines

@@ -84,12 +84,13 @@ PAPERS = {
 
 
 @dataclass(frozen=True)
-class ExperimentFacts:
-    """What a model card says about one experiment family. `title`, `training` and `dataset_name` are
-    `str.format`ted with the run's results and its experiment config; each `by_scale` key of the results is one
-    evaluation set, named `"{key_name}={key}"`, and each of `metrics` measured on it is one `model-index` entry."""
+class CardFacts:
+    """What a run's model card says about its experiment, from the run's results (`Family.card` makes it): the
+    `title` and `training` prose, the model's `inputs`, and how its results go into `model-index` (each `by_scale`
+    key of the results is one evaluation set, named `"{key_name}={key}"`, and each of `metrics` measured on it one
+    entry)."""
 
-    paper: str
+    paper: str  # a key of PAPERS
     title: str
     training: str
     inputs: str
@@ -101,75 +102,9 @@ class ExperimentFacts:
     dataset_config: str | None = None
     datasets: tuple[str, ...] = ()
 
-
-EXPERIMENTS = {
-    "algorithmic": ExperimentFacts(
-        paper="A",
-        title="{task}",
-        training="per-position regression on Paper A's `{task}` task: {length} numbers per sample from sub-ranges "
-        "of [{train_low}, {train_high}] ({train_samples} samples), tested out of distribution on "
-        "[c * {train_low}, c * {train_high}] for c in {scales}",
-        inputs="`hf_attn.data.algorithmic_dataset` builds them: `numeric_values` alone, the numbers and the "
-        "scratchpad 0; the prediction at each position is `logits[..., 0]`",
-        task_type="token-classification",
-        dataset_name="{task} (synthetic numbers)",
-        key_name="c",
-        metrics=("mse", "accuracy"),
-    ),
-    "mixed": ExperimentFacts(
-        paper="A",
-        title="mixed {task}",
-        training="Paper A's mixed text-and-numbers task `{task}`: 8 priced categories and 2 decoys, prices from "
-        "[0, 5] ({train_samples} samples), tested on [0, 5c] for c in {scales} with the category names seen in "
-        "training (`_seen`) and with unseen ones (`_unseen`)",
-        inputs="`hf_attn.data.mixed_dataset` builds them; the positional and standard models read character ids with"
-        " the prices as `numeric_values` and regress the answer at position 0, GPT-2 reads the text and "
-        "writes ` Answer: ...`",
-        task_type="token-classification",
-        dataset_name="mixed {task} (synthetic)",
-        key_name="c",
-        metrics=tuple(f"{m}_{names}" for m in ("mse", "mape", "unparsed") for names in ("seen", "unseen")),
-    ),
-    "induction": ExperimentFacts(
-        paper="A",
-        title="k-hop induction, depth {depth}",
-        training="Paper A's k-hop induction heads: a hop token then {length} characters, k in 0..{max_hops}, "
-        "{train_samples} training samples; tested on fresh samples (id) and on unseen characters (ood)",
-        inputs="`hf_attn.data.khop_dataset` builds them: a `<hop k>` token, then the characters; the target at each "
-        "character is read from the logits there",
-        task_type="token-classification",
-        dataset_name="k-hop induction (synthetic)",
-        key_name="depth",
-        metrics=("accuracy_id", "accuracy_ood", "loss_id", "loss_ood"),
-    ),
-    "formal_languages": ExperimentFacts(
-        paper="B",
-        title="{language}, {positions} positions",
-        training="recognition of Paper B's formal language `{language}` (the decision is read at `<eos>`): "
-        "{train_samples} strings of length {train_min_length}..{train_max_length}, tested on lengths "
-        "{test_min_length}..{test_max_length}",
-        inputs="`hf_attn.data.formal_language_dataset` builds them: `<bos>` (id 1), the symbols (ids 3, 4, ... in "
-        "alphabet order), `<eos>` (id 2); label 1 (in the language) or 0 is the argmax of the logits at "
-        "`<eos>`",
-        task_type="text-classification",
-        dataset_name="{language} (synthetic strings)",
-        key_name="length",
-        metrics=("accuracy",),
-    ),
-    "wikitext": ExperimentFacts(
-        paper="B",
-        title="WikiText-2, {positions} positions",
-        training="causal language modelling on WikiText-2 ({protocol}), context {context_length} tokens",
-        inputs="GPT-2's tokenizer, saved beside the weights",
-        task_type="text-generation",
-        dataset_name="WikiText-2 (raw)",
-        key_name="variant",
-        metrics=("perplexity",),
-        dataset_type="Salesforce/wikitext",
-        dataset_config="wikitext-2-raw-v1",
-        datasets=("Salesforce/wikitext",),
-    ),
-}
+    def __post_init__(self):
+        if self.paper not in PAPERS:
+            raise ValueError(f"`paper` must be one of {list(PAPERS)}, got {self.paper!r}.")
 
 
 # --- what every card says: the head layout ---------------------------------------------------------------------
@@ -191,9 +126,16 @@ def layer_runs(head_layout: list[list[str]]) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def kind_settings(kind: HeadKind, config: HfAttnConfig) -> str:
-    fields = ", ".join(f"`{field}` = {getattr(config, field)!r}" for field in kind.config_fields)
-    return f" ({fields})" if fields else ""
+def head_counts(config: HfAttnConfig) -> list[tuple[str, dict[str, int]]]:
+    """Per run of equal layers (see `layer_runs`), how many heads of each kind the model has it holds."""
+    kinds = kinds_in(*config.head_layout)
+    return [(layers, {kind.name: layer.count(kind.name) for kind in kinds}) for layers, layer in
+            layer_runs(config.head_layout)]  # fmt: skip
+
+
+def kind_settings(kind: HeadKind, config: HfAttnConfig) -> dict:
+    """The config fields that shape what heads of `kind` see, e.g. `{"local_window": 2}`."""
+    return {field: getattr(config, field) for field in kind.config_fields}
 
 
 def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> list[str]:
@@ -211,6 +153,11 @@ def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> li
     return ["   ".join(column[row].ljust(width) for column in columns).rstrip() for row in range(size + 1)]
 
 
+def settings_note(kind: HeadKind, config: HfAttnConfig) -> str:
+    fields = ", ".join(f"`{field}` = {value!r}" for field, value in kind_settings(kind, config).items())
+    return f" ({fields})" if fields else ""
+
+
 def head_layout_section(config) -> str:
     """What each kind of head the model has sees, how many of each every layer holds, and the masks drawn."""
     if not isinstance(config, HfAttnConfig):
@@ -224,10 +171,10 @@ def head_layout_section(config) -> str:
     empty_row = "; position 0 sees nothing, and its attention output is zero" if strict_causal else ""
     return "\n".join([
         f"{direction}, {masks}. Per kind of head:", "",
-        *(f"- **{kind.name}** heads{kind_settings(kind, config)}: {kind.describe(config)}." for kind in kinds), "",
+        *(f"- **{kind.name}** heads{settings_note(kind, config)}: {kind.describe(config)}." for kind in kinds), "",
         "| layers | " + " | ".join(f"{kind.name} heads" for kind in kinds) + " |", "|---" * (len(kinds) + 1) + "|",
-        *(f"| {layers} | " + " | ".join(str(layer.count(kind.name)) for kind in kinds) + " |"
-          for layers, layer in layer_runs(config.head_layout)), "",
+        *(f"| {layers} | " + " | ".join(map(str, counts.values())) + " |" for layers, counts in head_counts(config)),
+        "",
         f"Who sees whom over the first five positions, rows are queries and columns keys{empty_row}:", "",
         "```text", *mask_grids(kinds, config), "```", "",
         f"Block `{config.block_style}`; positions in the residual stream: `{config.position_embedding_type}`.",
@@ -252,11 +199,11 @@ def render_card(template: str, card_data: ModelCardData, **fields) -> ModelCard:
 # --- a run's card ----------------------------------------------------------------------------------------------
 
 
-def eval_results(results: dict, facts: ExperimentFacts, dataset_name: str) -> list[EvalResult]:
+def eval_results(results: dict, facts: CardFacts) -> list[EvalResult]:
     """Every finite metric of `facts.metrics` measured on every evaluation set of the run."""
     return [
         EvalResult(
-            task_type=facts.task_type, dataset_type=facts.dataset_type, dataset_name=dataset_name,
+            task_type=facts.task_type, dataset_type=facts.dataset_type, dataset_name=facts.dataset_name,
             dataset_config=facts.dataset_config or f"{facts.key_name}={key}", dataset_split="test",
             metric_type=metric, metric_name=f"{metric} ({facts.key_name}={key})", metric_value=float(value),
         )
@@ -266,7 +213,7 @@ def eval_results(results: dict, facts: ExperimentFacts, dataset_name: str) -> li
     ]  # fmt: skip
 
 
-def results_table(results: dict, facts: ExperimentFacts) -> str:
+def results_table(results: dict, facts: CardFacts) -> str:
     metrics = [m for m in facts.metrics if any(m in row for row in results["by_scale"].values())]
     lines = [f"| {facts.key_name} | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
     for key, row in results["by_scale"].items():
@@ -274,18 +221,17 @@ def results_table(results: dict, facts: ExperimentFacts) -> str:
     return "\n".join(lines)
 
 
-def model_card(results: dict, config, repo_id: str | None = None) -> ModelCard:
-    """The card of one run's model, from `model_cards/experiment_run.md`; `repo_id` goes into the usage example."""
-    facts = EXPERIMENTS[results["experiment"]]
+def model_card(results: dict, config, facts: CardFacts, repo_id: str | None = None) -> ModelCard:
+    """The card of one run's model, from `model_cards/experiment_run.md`: `facts` say what its experiment is (its
+    family's `card`), `repo_id` goes into the usage example."""
     paper = PAPERS[facts.paper]
-    fields = {**results.get("config", {}).get("experiment", {}), **results}
-    name = f"{results['model']} ({config.model_type}): {facts.title.format(**fields)}, seed {results['seed']}"
+    name = f"{results['model']} ({config.model_type}): {facts.title}, seed {results['seed']}"
     auto_class = auto_class_name(config)
     card_data = ModelCardData(
         model_name=name, library_name="transformers", license="apache-2.0", pipeline_tag=PIPELINE_TAGS.get(auto_class),
         tags=["hf_attn", config.model_type, results["experiment"], f"arxiv:{paper.arxiv}"],
         datasets=list(facts.datasets) or None,
-        eval_results=eval_results(results, facts, facts.dataset_name.format(**fields)),
+        eval_results=eval_results(results, facts),
     )  # fmt: skip
     run = {key: value for key, value in results.items() if key not in ("by_scale", "config")}
     return render_card(
@@ -295,7 +241,7 @@ def model_card(results: dict, config, repo_id: str | None = None) -> ModelCard:
         config=config,
         parameters=results["parameters"],
         paper=paper,
-        training_data=facts.training.format(**fields),
+        training_data=facts.training,
         inputs=facts.inputs,
         head_layout=head_layout_section(config),
         results_table=results_table(results, facts),
@@ -307,9 +253,9 @@ def model_card(results: dict, config, repo_id: str | None = None) -> ModelCard:
     )
 
 
-def write_model_card(folder: Path, results: dict, config, repo_id: str | None = None) -> Path:
+def write_model_card(folder: Path, results: dict, config, facts: CardFacts, repo_id: str | None = None) -> Path:
     path = Path(folder) / CARD_FILE
-    model_card(results, config, repo_id).save(path)
+    model_card(results, config, facts, repo_id).save(path)
     return path
 
 
@@ -355,11 +301,18 @@ def write_model_type_card(model, folder: str | os.PathLike, repo_id: str | None 
 # --- pushing -------------------------------------------------------------------------------------------------
 
 
+def hub_offline() -> bool:
+    """Whether the Hub is off by the user's choice, read when asked (tests and notebooks set it late): HF_HUB_OFFLINE
+    or TRANSFORMERS_OFFLINE (huggingface_hub, transformers) or HF_DATASETS_OFFLINE (datasets) set to a true value."""
+    return any(os.environ.get(name, "").upper() in constants.ENV_VARS_TRUE_VALUES
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"))  # fmt: skip
+
+
 def hub_problems(push_to_hub: bool, hub_token: str | None) -> list[str]:
     """Why a push could not work, found before any training: offline mode or no token."""
     if not push_to_hub:
         return []
-    if constants.HF_HUB_OFFLINE:
+    if hub_offline():
         return ["push_to_hub needs the Hub, but HF_HUB_OFFLINE is set: unset it, or push the saved folders later"]
     if not (hub_token or get_token()):
         return ["push_to_hub needs a Hub token: run `hf auth login`, set HF_TOKEN, or pass --hub_token"]
@@ -379,11 +332,12 @@ def run_repo_id(base: str, run_path: Path) -> str:
 
 
 def push_run(
-    folder: Path, results: dict, config, repo_id: str, token: str | None = None, private: bool | None = None
-) -> str:
+    folder: Path, results: dict, config, facts: CardFacts, repo_id: str, token: str | None = None,
+    private: bool | None = None,
+) -> str:  # fmt: skip
     """Renders the card for `repo_id`, creates the repository if needed and uploads `folder`; returns its URL."""
     api = HfApi(token=token)
-    write_model_card(folder, results, config, repo_id)
+    write_model_card(folder, results, config, facts, repo_id)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=f"hf_attn: {results['model']} run")
     return str(url)

@@ -76,6 +76,8 @@ BAD_FIELDS = [
     ({"initialization": "xavier"}, "initialization"),
     ({"n_embd": 9}, "n_embd"),
     ({"n_layer": 0}, "n_layer"),
+    ({"n_inner": 0}, "n_inner"),
+    ({"vocab_size": 0}, "vocab_size"),
     ({"rope_theta": 0.0}, "rope_theta"),
     ({"n_embd": 12, "n_head": 4, "position_embedding_type": "rope"}, "rope"),
     ({"numeric_token_id": 3}, "numeric_token_id"),

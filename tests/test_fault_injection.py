@@ -76,12 +76,12 @@ elif point == "checkpoint_weights":
     transformers.modeling_utils.safe_save_file = save_half_then_die
 elif point == "results":
     hf_attn.experiments.Run.write_results = kill
-algorithmic.main(argv)
+algorithmic.FAMILY.main(argv)
 """
 
 
 def tiny_run(output_dir: Path, *extra: str) -> None:
-    algorithmic.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
+    algorithmic.FAMILY.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
 
 
 def kill_run(point: str, output_dir: Path) -> float:

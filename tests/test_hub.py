@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 
 import hf_attn.hub
 import training.algorithmic as algorithmic
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
@@ -51,12 +51,13 @@ class StandInHub:
 def hub(tmp_path, monkeypatch) -> StandInHub:
     stand_in = StandInHub(tmp_path / "hub")
     monkeypatch.setattr(hf_attn.hub, "HfApi", stand_in)
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
     return stand_in
 
 
 def tiny_run(output_dir: Path, *extra: str) -> None:
-    algorithmic.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
+    algorithmic.FAMILY.main([QUICKSTART, "--output_dir", str(output_dir), *TINY, *extra])
 
 
 def test_every_run_saves_a_hub_ready_folder_with_its_results_in_the_card(tmp_path):
@@ -148,10 +149,11 @@ def test_push_to_hub_false_stays_off():
 
 
 def test_push_without_the_hub_or_a_token_stops_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE"):
         tiny_run(tmp_path / "out", "--push_to_hub", "me/attn", "--hub_token", "hf_stand_in")
-    monkeypatch.setattr(hf_attn.hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(hf_attn.hub, "get_token", lambda: None)
     with pytest.raises(ValueError, match="hf auth login"):
         tiny_run(tmp_path / "out", "--push_to_hub", "me/attn")

@@ -60,6 +60,6 @@ def test_runs_of_several_commands_report_as_one_experiment():
         return {"experiment": "formal_languages", "config": {"experiment": experiment}}
 
     results = [result(["dyck2_bounded", "ab_star"], ["hybrid-1", "global"]), result(["ends_with_a"], ["global"])]
-    experiment = reports.experiment_of(reports.FAMILIES["formal_languages"].ExperimentArguments, results)
+    experiment = reports.experiment_of(reports.formal_languages.ExperimentArguments, results)
     assert experiment.languages == ["ends_with_a", "ab_star", "dyck2_bounded"]
     assert experiment.variants == ["global", "hybrid-1"] and experiment.test_max_length == 500

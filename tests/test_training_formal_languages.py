@@ -8,7 +8,7 @@ from hub_checks import check_hub_folder
 from transformers import AutoModelForTokenClassification, TrainingArguments
 
 import training.formal_languages as formal
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs/formal_languages/cpu.yaml")
@@ -19,7 +19,7 @@ TINY = ["--languages", "ab_star", "--variants", "global", "hybrid-1", "--train_s
 
 
 def tiny_run(output_dir: Path, *extra: str) -> None:
-    formal.main([CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
+    formal.FAMILY.main([CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
 
 
 @pytest.mark.parametrize("config", sorted(ROOT.glob("configs/formal_languages/*.yaml")), ids=lambda path: path.name)
@@ -27,7 +27,7 @@ def test_every_config_parses_and_validates(config):
     experiment, model, training = parse_config(
         (formal.ExperimentArguments, formal.ModelArguments, TrainingArguments), [str(config)]
     )
-    formal.validate(experiment, model)
+    assert not formal.problems(experiment, model, training)
     assert experiment.languages and experiment.learning_rates and training.max_grad_norm == 1.0
 
 

@@ -12,7 +12,7 @@ from transformers.trainer_utils import PredictionOutput
 
 import training.induction as induction
 from hf_attn.data import InductionVocab
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 CONFIGS = sorted(Path(__file__).parents[1].glob("configs/induction/*.yaml"))
 CPU_CONFIG = str(Path(__file__).parents[1] / "configs/induction/cpu.yaml")
@@ -30,7 +30,7 @@ def _one_thread():
 
 
 def tiny_run(output_dir: Path, *extra: str) -> None:
-    induction.main([CPU_CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
+    induction.FAMILY.main([CPU_CONFIG, "--output_dir", str(output_dir), *TINY, *extra])
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
@@ -38,7 +38,7 @@ def test_every_config_parses_and_validates(config):
     experiment, model, training = parse_config(
         (induction.ExperimentArguments, induction.ModelArguments, TrainingArguments), [str(config)]
     )
-    induction.validate(experiment, model, training)
+    assert not induction.problems(experiment, model, training)
     assert experiment.models and experiment.depths and training.max_steps > 0 and training.learning_rate > 0
 
 
@@ -136,7 +136,7 @@ def test_bad_arguments_stop_before_training(tmp_path, args, message):
         (["--depths", "0", "2"], ["depths must all be >= 1"]),
         (["--depths", "2", "2", "--length", "0"], ["no value twice", "length must be >= 1"]),  # all at once
         (["--max_steps", "-1"], ["max_steps"]),
-        (["--n_head", "7"], ["n_embd (60) must be divisible by n_head (7)"]),
+        (["--n_head", "7"], ["`n_embd` (60) must be divisible by `n_head` (7). (models: positional, standard)"]),
         (["--positional_encoding", "binary", "--positional_qk_dim", "0"], ["positional_qk_dim"]),
     ],
 )
@@ -151,7 +151,7 @@ def test_unknown_yaml_key(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("depths: [1]\nlearning_rat: 0.1\n")
     with pytest.raises(ValueError, match=f"config file {config}: unknown key.* learning_rat"):
-        induction.main([str(config), "--output_dir", str(tmp_path / "out")])
+        induction.FAMILY.main([str(config), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
 

@@ -11,7 +11,7 @@ import training.baseline_learning_rate as baseline_learning_rate
 import training.mixed as mixed
 import training.pretrain_gpt2 as pretrain_gpt2
 from hf_attn.data import mixed_dataset
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 ROOT = Path(__file__).parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -97,8 +97,8 @@ def test_fine_tuning_text_teaches_the_answer_and_the_stop(tiny_gpt2):
 
 
 def test_tiny_run_compares_all_three_models_on_both_name_sets(tmp_path, tiny_gpt2):
-    mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
-                str(tiny_gpt2), *TINY])  # fmt: skip
+    mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
+                       str(tiny_gpt2), *TINY])  # fmt: skip
     for model in ("positional", "standard", "gpt2"):
         results = json.loads((tmp_path / "min" / model / "seed-0" / "results.json").read_text())
         assert set(results["by_scale"]) == {"1", "3"} and results["collapse"]["metric"] == "mse"
@@ -111,13 +111,14 @@ def test_tiny_run_compares_all_three_models_on_both_name_sets(tmp_path, tiny_gpt
     for model in ("positional", "standard", "gpt2"):
         check_hub_folder(tmp_path / "min" / model / "seed-0" / "model", METRICS, tokenizer=model == "gpt2")
     report = (tmp_path / "min" / "results.md").read_text()
-    assert "| c | positional mean | positional median | standard mean | standard median | gpt2 mean |" in report
+    # Every run in OUTPUT_DIR, in folder order: as `python -m training.reports` rewrites the committed reports.
+    assert "| c | gpt2 mean | gpt2 median | positional mean | positional median | standard mean |" in report
     assert "## MSE, category names seen in training" in report and "## MSE, unseen category names" in report
     assert all((tmp_path / "min" / f"{metric}.png").exists() for metric in METRICS)
     # A new scale only adds evaluation: the fine-tuned GPT-2 is re-evaluated from its kept folder.
     before = json.loads((tmp_path / "min" / "gpt2" / "seed-0" / "results.json").read_text())
-    mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
-                str(tiny_gpt2), *TINY, "--models", "gpt2", "--scales", "1", "2", "3"])  # fmt: skip
+    mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
+                       str(tiny_gpt2), *TINY, "--models", "gpt2", "--scales", "1", "2", "3"])  # fmt: skip
     after = json.loads((tmp_path / "min" / "gpt2" / "seed-0" / "results.json").read_text())
     assert set(after["by_scale"]) == {"1", "2", "3"} and after["train_loss"] == before["train_loss"]
     assert all(after["by_scale"][c] == pytest.approx(before["by_scale"][c], nan_ok=True) for c in ("1", "3"))
@@ -134,8 +135,8 @@ def test_test_sets_differ_only_in_names():
 def test_missing_baseline_checkpoint_is_reported_before_training(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="baseline_model='no-such-gpt2'.*pretrain_gpt2"):
-        mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
-                    "no-such-gpt2", *TINY])  # fmt: skip
+        mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--baseline_model",
+                           "no-such-gpt2", *TINY])  # fmt: skip
     assert not (tmp_path / "min").exists()
 
 
@@ -145,13 +146,14 @@ def test_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, tiny_gpt2):
     model.resize_token_embeddings(1000)
     model.save_pretrained(small)
     with pytest.raises(ValueError, match="do not belong together"):
-        mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path / "out"), "--baseline_model",
-                    str(small), "--baseline_tokenizer", str(TOKENIZER), "--models", "gpt2", *TINY])  # fmt: skip
+        mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path / "out"),
+                           "--baseline_model", str(small), "--baseline_tokenizer", str(TOKENIZER), "--models", "gpt2",
+                           *TINY])  # fmt: skip
 
 
 def test_unknown_model_name_stops_at_parsing(tmp_path):
     with pytest.raises(ValueError, match="invalid choice"):
-        mixed.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--models", "gpt3"])
+        mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(tmp_path), "--models", "gpt3"])
 
 
 def test_baseline_learning_rate_choice_writes_a_row_per_rate(tmp_path, tiny_gpt2, capsys):

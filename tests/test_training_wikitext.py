@@ -9,7 +9,7 @@ from hub_checks import check_hub_folder
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments, pipeline
 
 import training.wikitext as wikitext
-from training.common import parse_config
+from hf_attn.experiments import parse_config
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs/wikitext/cpu.yaml")
@@ -28,8 +28,8 @@ def test_every_config_parses(config):
 
 
 def test_tiny_run_writes_results_table_bar_plot_and_loss_curves(tmp_path):
-    wikitext.main([CONFIG, "--output_dir", str(tmp_path), "--variants", "global", "hybrid-1", *TINY,
-                   "--logging_steps", "2"])  # fmt: skip
+    wikitext.FAMILY.main([CONFIG, "--output_dir", str(tmp_path), "--variants", "global", "hybrid-1", *TINY,
+                          "--logging_steps", "2"])  # fmt: skip
     for variant in ("global", "hybrid-1"):
         results = json.loads((tmp_path / "learned" / variant / "seed-0" / "results.json").read_text())
         steps, losses = zip(*results["loss_curve"], strict=True)  # 2,048 tokens / 32 = 64 blocks, batch 8: 8 steps
@@ -84,5 +84,5 @@ def test_variants_have_the_same_parameter_count(tmp_path):
 )
 def test_bad_input_stops_before_training(tmp_path, args, message):
     with pytest.raises(ValueError, match=message):
-        wikitext.main([CONFIG, "--output_dir", str(tmp_path), *TINY, *args])
+        wikitext.FAMILY.main([CONFIG, "--output_dir", str(tmp_path), *TINY, *args])
     assert not (tmp_path / "learned").exists()

@@ -13,45 +13,30 @@ Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DI
 accuracy.png} per task.
 """
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from transformers import AutoConfig, AutoModelForTokenClassification, TrainingArguments, set_seed
+from transformers import AutoModelForTokenClassification, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn import experiments
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
-from hf_attn.experiments import (
-    InMemoryDataset,
-    Run,
-    collapse_check,
-    finish_run,
-    input_blind_mse,
-    plateau_trainer,
-    regression_metrics,
-)
-from training.common import cli, invalid_configuration, model_size_problems, parse_config, run_tasks, write_task_reports
+from hf_attn.experiments import collapse_check, input_blind_mse, list_field, regression_metrics, write_task_reports
+from hf_attn.hub import CardFacts
+from training.models import PAPER_A_MODELS, paper_a_config
 
-MODEL_KINDS = ("positional", "standard")
 METRICS = (("mse", "MSE", True), ("accuracy", "accuracy within tolerance", False))  # (key, title, log scale)
-TEST_SEED = 1_000_000  # test sets depend only on (task, c): every model and seed is tested on the same samples
 
 
 @dataclass
-class ExperimentArguments:
-    tasks: list[str] = field(
-        default_factory=lambda: list(ALGORITHMIC_TASKS),
-        metadata={"help": "Tasks to run, each its own experiment.", "choices": ALGORITHMIC_TASKS},
-    )
-    models: list[str] = field(
-        default_factory=lambda: list(MODEL_KINDS),
-        metadata={"help": "Models to compare at equal size.", "choices": MODEL_KINDS},
-    )
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per model and seed."})
-    scales: list[int] = field(
-        default_factory=lambda: list(range(1, 11)),
-        metadata={"help": "Test ranges [c * train_low, c * train_high] to evaluate on; 1 is the training range."},
+class ExperimentArguments(experiments.RunArguments):
+    tasks: list[str] = list_field(ALGORITHMIC_TASKS, "Tasks to run, each its own experiment.", ALGORITHMIC_TASKS)
+    models: list[str] = list_field(PAPER_A_MODELS, "Models to compare at equal size.", PAPER_A_MODELS)
+    scales: list[int] = list_field(
+        range(1, 11), "Test ranges [c * train_low, c * train_high] to evaluate on; 1 is the training range."
     )
     length: int = field(default=8, metadata={"help": "n, the numbers per sample."})
     train_samples: int = field(default=30_000, metadata={"help": "Training samples (Paper A: 30,000)."})
@@ -66,16 +51,13 @@ class ExperimentArguments:
     plateau_factor: float = field(default=0.9, metadata={"help": "ReduceLROnPlateau factor (Paper A: 0.9)."})
     plateau_patience: int = field(default=50, metadata={"help": "ReduceLROnPlateau patience in epochs (Paper A: 50)."})
     plateau_min_lr: float = field(default=1e-6, metadata={"help": "ReduceLROnPlateau floor (Paper A: 1e-6)."})
-    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
-    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
-    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
-    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", "seeds", "resume", "seed")
+    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", *experiments.RunArguments.run_fields)
     evaluation_fields: ClassVar[tuple[str, ...]] = ("scales", "test_samples", "tolerance")
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(experiments.ModelArguments):
     n_layer: int | None = field(default=None, metadata={"help": "Depth; default floor(log2 n) + 1 (Paper A)."})
     n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper A: 64)."})
     n_head: int = field(default=2, metadata={"help": "Heads per layer (Paper A: 2)."})
@@ -96,68 +78,93 @@ class ModelArguments:
     activation_function: str = field(default="relu", metadata={"help": "MLP activation (Paper A: relu)."})
 
 
-def validate(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> None:
-    """Every cross-field problem at once, before any data is built."""
+def plan(experiment: ExperimentArguments) -> list[experiments.Group]:
+    """A folder of runs per task: OUTPUT_DIR/TASK/MODEL/seed-S."""
+    return [experiments.Group(task, experiment.models, {"task": task}) for task in experiment.tasks]
+
+
+def problems(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> list[str]:
+    """Every cross-field problem at once, before any data is built; the model configs check the model fields."""
     problems = []
     if not experiment.train_low < experiment.train_high:
         problems.append(f"train_low ({experiment.train_low}) must be < train_high ({experiment.train_high})")
     if any(c < 1 for c in experiment.scales):
         problems.append(f"scales must all be >= 1, got {experiment.scales}")
-    for name in ("length", "train_samples", "test_samples"):
-        if getattr(experiment, name) < 1:
-            problems.append(f"{name} must be >= 1, got {getattr(experiment, name)}")
+    problems += experiments.below("length", "train_samples", "test_samples", of=experiment)
     if experiment.tolerance <= 0:
         problems.append(f"tolerance must be > 0, got {experiment.tolerance}")
     if not experiment.seeds:
         problems.append("seeds must list at least one seed")
-    invalid_configuration(problems + model_size_problems(model))
+    if experiment.length >= 1:  # else the configs' n_positions is wrong too: said once is enough
+        positions = experiment.length + int(experiment.scratchpad)
+        problems += experiments.config_problems(
+            {
+                kind: functools.partial(model_config, kind, model, experiment.length, positions)
+                for kind in experiment.models
+            }
+        )
+    return problems
+
+
+def model_config(kind: str, model: ModelArguments, length: int, positions: int):
+    """Paper A's positional or standard model for n = `length` numbers, regressing a value at every position."""
+    return paper_a_config(
+        kind, standard_qk_dim=model.content_qk_dim or model.n_embd,
+        n_layer=model.n_layer or length.bit_length(),  # Paper A's code: floor(log2 n) + 1 layers
+        n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner, n_positions=positions,
+        block_style=model.block_style, positional_encoding=model.positional_encoding, is_causal=model.is_causal,
+        activation_function=model.activation_function, vocab_size=1, numeric_inputs=True, num_labels=1,
+        problem_type="regression",
+    )  # fmt: skip
 
 
 def build_model(kind: str, model: ModelArguments, length: int, positions: int):
-    """Same trunk for both kinds; they differ in head kind and where positions enter (Paper A)."""
-    depth = model.n_layer or length.bit_length()  # Paper A's code: floor(log2 n) + 1 layers
-    heads = {
-        # weights from P only; no position in the residual stream
-        "positional": dict(model_type="positional_gpt2", position_embedding_type="none"),
-        # content attention; positions added to the input (Paper A's code feeds [value, one-hot position] to one
-        # linear map, the same function as value * w + b plus a learned position row); queries and keys as wide
-        # as the model, as in Paper A's code
-        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned",
-                         content_qk_dim=model.content_qk_dim or model.n_embd),
-    }[kind]  # fmt: skip
-    config = AutoConfig.for_model(
-        **heads,
-        n_layer=depth, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner, n_positions=positions,
-        block_style=model.block_style, positional_encoding=model.positional_encoding, is_causal=model.is_causal,
-        attend_to_self=True, activation_function=model.activation_function, vocab_size=1, numeric_inputs=True,
-        num_labels=1, problem_type="regression", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    return AutoModelForTokenClassification.from_config(config)
+    return AutoModelForTokenClassification.from_config(model_config(kind, model, length, positions))
 
 
-def train_and_evaluate(run: Run, task: str, experiment, model_args, training_args) -> dict:
+def train_and_evaluate(run: experiments.Run, experiment, model_args, training_args, task: str) -> experiments.Trained:
     set_seed(run.seed)
     positions = experiment.length + int(experiment.scratchpad)
     model = build_model(run.model, model_args, experiment.length, positions)
     data = dict(length=experiment.length, low=experiment.train_low, high=experiment.train_high,
                 scratchpad=experiment.scratchpad)  # fmt: skip
-    train_set = InMemoryDataset(algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data))
-    trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
-                              experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
+    train_set = experiments.InMemoryDataset(
+        algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data)
+    )
+    trainer = experiments.plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
+                                          experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     totals = run.train(trainer, experiment.resume)
 
     by_scale, collapse = {}, None
     for scale in sorted({1, *experiment.scales}):  # c = 1, in distribution, is always tested: the collapse check
-        test_set = algorithmic_dataset(task, experiment.test_samples, scale=scale, seed=TEST_SEED + scale, **data)
-        predictions = trainer.predict(InMemoryDataset(test_set)).predictions[..., 0]
+        test_set = algorithmic_dataset(
+            task, experiment.test_samples, scale=scale, seed=experiments.TEST_SEED + scale, **data
+        )
+        predictions = trainer.predict(experiments.InMemoryDataset(test_set)).predictions[..., 0]
         labels = test_set.with_format("numpy")[:]["labels"]
         metrics = regression_metrics(predictions, labels, experiment.tolerance * scale)
         if scale == 1:
             collapse = collapse_check(metrics["mse"], input_blind_mse(labels), "mse")
         if scale in experiment.scales:
             by_scale[str(scale)] = metrics
-    return finish_run(trainer, run, totals, by_scale, experiment="algorithmic", task=task, collapse=collapse)
+    return experiments.Trained(trainer, totals, by_scale, {"collapse": collapse})
+
+
+def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
+    task, low, high = results["task"], experiment.train_low, experiment.train_high
+    return CardFacts(
+        paper="A",
+        title=task,
+        training=f"per-position regression on Paper A's `{task}` task: {experiment.length} numbers per sample from "
+        f"sub-ranges of [{low}, {high}] ({experiment.train_samples} samples), tested out of distribution on "
+        f"[c * {low}, c * {high}] for c in {experiment.scales}",
+        inputs="`hf_attn.data.algorithmic_dataset` builds them: `numeric_values` alone, the numbers and the "
+        "scratchpad 0; the prediction at each position is `logits[..., 0]`",
+        task_type="token-classification",
+        dataset_name=f"{task} (synthetic numbers)",
+        key_name="c",
+        metrics=("mse", "accuracy"),
+    )
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
@@ -168,11 +175,10 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    validate(experiment, model_args, training_args)
-    run_tasks(train_and_evaluate, write_reports, experiment, model_args, training_args)
-
+FAMILY = experiments.register(experiments.Family(
+    name="algorithmic", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
+    train=train_and_evaluate, card=card, write_reports=write_reports,
+))  # fmt: skip
 
 if __name__ == "__main__":
-    cli(main)
+    FAMILY.cli()

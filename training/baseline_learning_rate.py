@@ -20,9 +20,8 @@ import numpy as np
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed
 
 from hf_attn.data import mixed_dataset
-from hf_attn.experiments import format_value
+from hf_attn.experiments import cli, format_value, parse_config
 from training import mixed
-from training.common import cli, parse_config
 
 VALIDATION_SEED = 3_000_000
 

@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
-from hf_attn.configuration_hf_attn import BLOCK_STYLES
+from hf_attn import experiments
 from hf_attn.data.formal_languages import (
     LANGUAGES,
     LTL_CLASSES,
@@ -49,50 +48,24 @@ from hf_attn.data.formal_languages import (
     formal_language_dataset,
     sample_strings,
 )
-from hf_attn.experiments import (
-    InMemoryDataset,
-    Run,
-    finish_run,
-    grid_table,
-    is_main_process,
-    plot_heatmap,
-    run_arguments,
-)
-from training.common import (
-    claim_runs,
-    cli,
-    invalid_configuration,
-    model_size_problems,
-    parse_config,
-    run_all,
-    run_config,
-    runs_for,
-)
-from training.variants import parse_variant, variant_problems
+from hf_attn.experiments import argmax_accuracy, grid_table, list_field, longest_perfect_length, plot_heatmap
+from hf_attn.hub import CardFacts
+from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
-TEST_SEED = 1_000_000  # test sets depend only on (language, length): every run is tested on the same strings
 
 
 @dataclass
-class ExperimentArguments:
-    languages: list[str] = field(
-        default_factory=lambda: list(LANGUAGES),
-        metadata={"help": "Languages to learn, each its own experiment.", "choices": LANGUAGES},
-    )
-    variants: list[str] = field(
-        default_factory=lambda: ["global", "local-1", "local-2", "local-4", "hybrid-1", "hybrid-2", "hybrid-4"],
-        metadata={"help": "`global`, `local-K` (every head K-local) or `hybrid-K` (half global, half K-local)."},
-    )
-    position_embeddings: list[str] = field(
-        default_factory=lambda: list(POSITION_EMBEDDINGS),
-        metadata={"help": "Position encodings (Paper B: none, SiPE, RoPE).", "choices": POSITION_EMBEDDINGS},
+class ExperimentArguments(experiments.RunArguments):
+    languages: list[str] = list_field(LANGUAGES, "Languages to learn, each its own experiment.", LANGUAGES)
+    variants: list[str] = list_field(PAPER_B_VARIANTS, VARIANTS_HELP)
+    position_embeddings: list[str] = list_field(
+        POSITION_EMBEDDINGS, "Position encodings (Paper B: none, SiPE, RoPE).", POSITION_EMBEDDINGS
     )
     learning_rates: list[float] = field(
         default_factory=lambda: [1e-4, 3e-4, 5e-4],
         metadata={"help": "One run per learning rate (overrides `learning_rate`); tables aggregate over them."},
     )
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per seed (Paper B: 5)."})
     train_min_length: int = field(default=1, metadata={"help": "Shortest training string (Paper B: 1)."})
     train_max_length: int = field(default=40, metadata={"help": "Longest training string (Paper B: 40)."})
     train_samples: int = field(default=100_000, metadata={"help": "Training strings, half members (our choice)."})
@@ -100,23 +73,18 @@ class ExperimentArguments:
     test_max_length: int = field(default=500, metadata={"help": "Longest test length (Paper B: 500)."})
     test_length_step: int = field(default=1, metadata={"help": "Evaluate every this many lengths (Paper B: 1)."})
     test_samples_per_length: int = field(default=512, metadata={"help": "Test strings per length (Paper B: 512)."})
-    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
-    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
-    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
-    # `test_max_length` is not among the latter: it sets the model's n_positions.
-    run_fields: ClassVar[tuple[str, ...]] = ("languages", "variants", "position_embeddings", "learning_rates", "seeds",
-                                             "resume", "seed")  # fmt: skip
+    # `test_max_length` is not among the evaluation fields: it sets the model's n_positions. (Paper B: 5 seeds.)
+    run_fields: ClassVar[tuple[str, ...]] = ("languages", "variants", "position_embeddings", "learning_rates",
+                                             *experiments.RunArguments.run_fields)  # fmt: skip
     evaluation_fields: ClassVar[tuple[str, ...]] = ("test_min_length", "test_length_step", "test_samples_per_length")
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(PaperBModelArguments):
     n_layer: int = field(default=5, metadata={"help": "Depth (Paper B: 5)."})
     n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper B: 64)."})
     n_head: int = field(default=8, metadata={"help": "Heads per layer (Paper B: 8)."})
-    block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
-    attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
 
 
 # --- lengths and metrics ---------------------------------------------------------------------------------------
@@ -143,23 +111,22 @@ def training_lengths(language: str, experiment: ExperimentArguments) -> list[int
     return [length for length in lengths if has_strings(language, length, length)]
 
 
-def longest_perfect_length(accuracy_by_length: dict[int, float]) -> int:
-    """The largest evaluated length N with accuracy 1 at every evaluated length up to N; 0 if the shortest is
-    already below 1."""
-    longest = 0
-    for length in sorted(accuracy_by_length):
-        if accuracy_by_length[length] < 1.0:
-            break
-        longest = length
-    return longest
-
-
 # --- validation and model --------------------------------------------------------------------------------------
 
 
-def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
+def plan(experiment: ExperimentArguments) -> list[experiments.Group]:
+    """A folder of runs per language, position encoding and learning rate: OUTPUT_DIR/LANGUAGE/POSITIONS/lr-LR."""
+    grid = itertools.product(experiment.languages, experiment.position_embeddings, experiment.learning_rates)
+    return [
+        experiments.Group(f"{language}/{positions}/lr-{lr:g}", experiment.variants,
+                          {"language": language, "positions": positions}, training={"learning_rate": lr})
+        for language, positions, lr in grid
+    ]  # fmt: skip
+
+
+def problems(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> list[str]:
     """Every problem at once, before any data is built or model trained."""
-    problems = variant_problems(experiment.variants)
+    problems = []
     e = experiment  # short, for the messages below
     if not 1 <= e.train_min_length <= e.train_max_length:
         problems.append(f"need 1 <= train_min_length ({e.train_min_length}) <= train_max_length ({e.train_max_length})")
@@ -168,9 +135,8 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
             f"need train_max_length ({e.train_max_length}) < test_min_length ({e.test_min_length}) <= "
             f"test_max_length ({e.test_max_length}): tests are on longer strings than training"
         )
-    for name, least in (("test_length_step", 1), ("train_samples", 2), ("test_samples_per_length", 2)):
-        if getattr(e, name) < least:
-            problems.append(f"{name} must be >= {least}, got {getattr(e, name)}")
+    problems += experiments.below("test_length_step", of=e)
+    problems += experiments.below("train_samples", "test_samples_per_length", of=e, least=2)  # a member, a non-member
     if not e.learning_rates or any(lr <= 0 for lr in e.learning_rates):
         problems.append(f"learning_rates must list at least one rate, all > 0, got {e.learning_rates}")
     if not e.seeds:
@@ -181,24 +147,27 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
                 problems.append(f"{language} has no strings of length {e.train_min_length}..{e.train_max_length}")
             if not evaluated_lengths(language, e):
                 problems.append(f"{language} has no strings at any test length (even lengths only?)")
-    if sizes := model_size_problems(model):
-        problems += sizes
-    elif "rope" in e.position_embeddings and (model.n_embd // model.n_head) % 2:
-        problems.append(f"rope needs an even head dim n_embd / n_head, got {model.n_embd // model.n_head}")
-    invalid_configuration(problems)
+    return problems + experiments.config_problems({
+        f"{variant} with {positions} positions": functools.partial(
+            model_config, variant, positions, model, e.languages[0], e.test_max_length + 2)
+        for variant, positions in itertools.product(e.variants, e.position_embeddings)
+    })  # fmt: skip
 
 
-def build_model(variant: str, positions: str, model: ModelArguments, language: str, n_positions: int):
+def model_config(variant: str, positions: str, model: ModelArguments, language: str, n_positions: int):
     """Paper B's recognizer: causal, strict masks, post-LN, fp32, two labels read at `<eos>`, no dropout."""
     vocab = FormalLanguageVocab(language)
-    config = AutoConfig.for_model(
+    return AutoConfig.for_model(
         **parse_variant(variant),
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=n_positions,
         block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
         vocab_size=vocab.vocab_size, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         pad_token_id=vocab.pad_id, bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id,
     )  # fmt: skip
-    return AutoModelForTokenClassification.from_config(config)
+
+
+def build_model(variant: str, positions: str, model: ModelArguments, language: str, n_positions: int):
+    return AutoModelForTokenClassification.from_config(model_config(variant, positions, model, language, n_positions))
 
 
 # --- one run ---------------------------------------------------------------------------------------------------
@@ -206,34 +175,55 @@ def build_model(variant: str, positions: str, model: ModelArguments, language: s
 
 def string_accuracy(trainer: Trainer, language: str, length: int, samples: int) -> float:
     """Share of `samples` test strings of exactly `length` symbols whose `<eos>` decision is right."""
-    test_set = formal_language_dataset(language, samples, length, length, seed=TEST_SEED + length)
-    labels = test_set.with_format("numpy")[:]["labels"]  # (N, L + 2), -100 except at <eos>
-    logits = trainer.predict(InMemoryDataset(test_set.remove_columns("length"))).predictions  # (N, L + 2, 2)
-    at_eos = labels != -100
-    return float(np.mean(logits.argmax(-1)[at_eos] == labels[at_eos]))
+    test_set = formal_language_dataset(language, samples, length, length, seed=experiments.TEST_SEED + length)
+    labels = test_set.with_format("numpy")[:]["labels"]  # (N, L + 2), IGNORE_INDEX except at <eos>
+    logits = trainer.predict(
+        experiments.InMemoryDataset(test_set.remove_columns("length"))
+    ).predictions  # (N, L + 2, 2)
+    return argmax_accuracy(logits, labels)
 
 
-def train_and_evaluate(run: Run, language: str, positions: str, learning_rate: float, experiment, model_args,
-                       training_args) -> dict:  # fmt: skip
+def train_and_evaluate(
+    run: experiments.Run, experiment, model_args, training_args, language: str, positions: str
+) -> experiments.Trained:
     set_seed(run.seed)
     model = build_model(run.model, positions, model_args, language, experiment.test_max_length + 2)  # + <bos>, <eos>
     train = formal_language_dataset(language, experiment.train_samples, experiment.train_min_length,
                                      experiment.train_max_length, seed=run.seed)  # fmt: skip
-    args = run_arguments(training_args, run, learning_rate=learning_rate)
-    trainer = Trainer(model=model, args=args, train_dataset=InMemoryDataset(train.remove_columns("length")))
+    args = experiments.run_arguments(training_args, run)
+    trainer = Trainer(model=model, args=args, train_dataset=experiments.InMemoryDataset(train.remove_columns("length")))
     totals = run.train(trainer, experiment.resume)
     samples = experiment.test_samples_per_length
     train_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in training_lengths(language, experiment)}
     test_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in evaluated_lengths(language, experiment)}
-    return finish_run(
-        trainer, run, totals, {str(n): {"accuracy": a} for n, a in test_accuracy.items()},
-        experiment="formal_languages", language=language, positions=positions, learning_rate=learning_rate,
-        mean_accuracy=statistics.fmean(test_accuracy.values()),
-        longest_perfect_length=longest_perfect_length(train_accuracy | test_accuracy),
-        longest_perfect_test_length=longest_perfect_length(test_accuracy),
-        train_accuracy=statistics.fmean(train_accuracy.values()),
-        train_accuracy_by_length={str(n): a for n, a in train_accuracy.items()},
+    return experiments.Trained(
+        trainer, totals, {str(n): {"accuracy": a} for n, a in test_accuracy.items()},
+        {
+            "mean_accuracy": statistics.fmean(test_accuracy.values()),
+            "longest_perfect_length": longest_perfect_length(train_accuracy | test_accuracy),
+            "longest_perfect_test_length": longest_perfect_length(test_accuracy),
+            "train_accuracy": statistics.fmean(train_accuracy.values()),
+            "train_accuracy_by_length": {str(n): a for n, a in train_accuracy.items()},
+        },
     )  # fmt: skip
+
+
+def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
+    language, e = results["language"], experiment
+    return CardFacts(
+        paper="B",
+        title=f"{language}, {results['positions']} positions",
+        training=f"recognition of Paper B's formal language `{language}` (the decision is read at `<eos>`): "
+        f"{e.train_samples} strings of length {e.train_min_length}..{e.train_max_length}, tested on lengths "
+        f"{e.test_min_length}..{e.test_max_length}",
+        inputs="`hf_attn.data.formal_language_dataset` builds them: `<bos>` (id 1), the symbols (ids 3, 4, ... in "
+        "alphabet order), `<eos>` (id 2); label 1 (in the language) or 0 is the argmax of the logits at "
+        "`<eos>`",
+        task_type="text-classification",
+        dataset_name=f"{language} (synthetic strings)",
+        key_name="length",
+        metrics=("accuracy",),
+    )
 
 
 # --- tables ----------------------------------------------------------------------------------------------------
@@ -269,7 +259,7 @@ RECOGNISED_CLASSES = {"global": {"LTL[P]"}, "local": {"LTL[Y]"}, "hybrid": {"LTL
 
 
 def predicted_recognition(language: str, variant: str) -> bool | None:
-    """Paper B's theory: whether `variant`'s heads can recognise `language`, or None where it does not say.
+    """Paper B's theory: whether `variant`'s heads can recognise `language`, or None where it does not experiments.say.
 
     Global heads give LTL[P], 1-local heads LTL[Y], hybrid-1 LTL[P, Y]. A wider window gives LTL[Y<=k], weaker than
     LTL[Y] (1-local is the most expressive window): it still cannot do what 1-local cannot, but whether it keeps a
@@ -375,29 +365,10 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
-    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    validate(experiment, model_args)
-    output_dir = Path(training_args.output_dir)
-    grid = itertools.product(experiment.languages, experiment.position_embeddings, experiment.learning_rates)
-    runs = {
-        (language, positions, lr): runs_for(
-            output_dir / language / positions / f"lr-{lr:g}", experiment.variants, experiment.seeds,
-            run_config(experiment, model_args, training_args, learning_rate=lr),
-        )
-        for language, positions, lr in grid
-    }  # fmt: skip
-    claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
-    results = []
-    for (language, positions, lr), group in runs.items():
-        train = functools.partial(
-            train_and_evaluate, language=language, positions=positions, learning_rate=lr, experiment=experiment,
-            model_args=model_args, training_args=training_args,
-        )  # fmt: skip
-        results += run_all(group, train, training_args, experiment)
-    if is_main_process():
-        print(write_reports(output_dir, results, experiment))
-
+FAMILY = experiments.register(experiments.Family(
+    name="formal_languages", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan,
+    problems=problems, train=train_and_evaluate, card=card, write_reports=write_reports,
+))  # fmt: skip
 
 if __name__ == "__main__":
-    cli(main)
+    FAMILY.cli()

@@ -15,6 +15,7 @@ Offline, `baseline_model` must be a local GPT-2: training/pretrain_gpt2.py makes
 Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, *.png} per task.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -35,30 +35,15 @@ from transformers import (
 )
 
 import hf_attn  # noqa: F401  (registers the model types)
+from hf_attn import experiments
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
 from hf_attn.data.mixed import NAME_SETS
-from hf_attn.experiments import (
-    InMemoryDataset,
-    Run,
-    collapse_check,
-    finish_run,
-    input_blind_mse,
-    plateau_trainer,
-    run_arguments,
-)
-from training.common import (
-    cli,
-    invalid_configuration,
-    model_size_problems,
-    parse_config,
-    pretrained_problems,
-    run_tasks,
-    runs_for,
-    write_task_reports,
-)
+from hf_attn.experiments import collapse_check, input_blind_mse, list_field, mape, write_task_reports
+from hf_attn.hub import CardFacts
+from training.models import PAPER_A_MODELS, paper_a_config
 
-MODEL_KINDS = ("positional", "standard", "gpt2")
+MODEL_KINDS = (*PAPER_A_MODELS, "gpt2")
 NAMES_TITLE = {"seen": "category names seen in training", "unseen": "unseen category names"}
 METRICS = tuple(  # (key, title, log scale)
     (f"{metric}_{names}", f"{title}, {NAMES_TITLE[names]}", log_scale)
@@ -69,26 +54,19 @@ METRICS = tuple(  # (key, title, log scale)
     )
     for names in NAME_SETS
 )
-TEST_SEED = 2_000_000  # test sets depend only on (task, c): every model is tested on the same samples
+MIXED_TEST_SEED = 2 * experiments.TEST_SEED  # this family's own range: its test sets depend only on (task, c)
 # Paper A's fine-tuning code adds these to GPT-2's tokenizer: every text starts with BOS, padding is its own token
 # (so the end-of-text token after the answer is learned, not masked as padding).
 BASELINE_SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "pad_token": "<|pad|>"}
 Predict = Callable[[int, str], tuple[np.ndarray, np.ndarray]]  # (c, name set) -> (predictions, answers)
-Trained = tuple[Trainer, dict, Predict]  # (trainer, `Run.train`'s totals, predict)
+TrainedToPredict = tuple[Trainer, dict, Predict]  # (trainer, `Run.train`'s totals, predict)
 
 
 @dataclass
-class ExperimentArguments:
-    tasks: list[str] = field(
-        default_factory=lambda: list(MIXED_TASKS), metadata={"help": "Tasks to run.", "choices": MIXED_TASKS}
-    )
-    models: list[str] = field(
-        default_factory=lambda: list(MODEL_KINDS), metadata={"help": "Models to compare.", "choices": MODEL_KINDS}
-    )
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per model and seed."})
-    scales: list[int] = field(
-        default_factory=lambda: list(range(1, 11)), metadata={"help": "Test price ranges [0, 5c]; 1 is training's."}
-    )
+class ExperimentArguments(experiments.RunArguments):
+    tasks: list[str] = list_field(MIXED_TASKS, "Tasks to run.", MIXED_TASKS)
+    models: list[str] = list_field(MODEL_KINDS, "Models to compare.", MODEL_KINDS)
+    scales: list[int] = list_field(range(1, 11), "Test price ranges [0, 5c]; 1 is training's.")
     train_samples: int = field(default=50_000, metadata={"help": "Training samples (Paper A: 50,000)."})
     test_samples: int = field(default=1_000, metadata={"help": "Test samples per c and name set (Paper A: 1,000)."})
     plateau_factor: float = field(default=0.9, metadata={"help": "ReduceLROnPlateau factor (Paper A: 0.9)."})
@@ -114,16 +92,13 @@ class ExperimentArguments:
     max_new_tokens: int = field(
         default=15, metadata={"help": "Tokens GPT-2 may write after the prompt, ` Answer: ...` (Paper A's code: 15)."}
     )
-    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
-    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
-    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
-    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", "seeds", "resume", "seed")
+    run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", *experiments.RunArguments.run_fields)
     evaluation_fields: ClassVar[tuple[str, ...]] = ("scales", "test_samples", "max_new_tokens")
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(experiments.ModelArguments):
     n_layer: int = field(default=3, metadata={"help": "Depth (Paper A: 3)."})
     n_embd: int = field(default=32, metadata={"help": "Width (Paper A: 32)."})
     n_head: int = field(default=2, metadata={"help": "Heads (Paper A: 2)."})
@@ -142,50 +117,51 @@ class ModelArguments:
     activation_function: str = field(default="relu", metadata={"help": "MLP activation (Paper A: relu)."})
 
 
-def validate(experiment: ExperimentArguments, model: ModelArguments, output_dir: Path) -> None:
+def plan(experiment: ExperimentArguments) -> list[experiments.Group]:
+    """A folder of runs per task: OUTPUT_DIR/TASK/MODEL/seed-S."""
+    return [experiments.Group(task, experiment.models, {"task": task}) for task in experiment.tasks]
+
+
+def problems(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> list[str]:
     """Every problem at once, before data or checkpoints are loaded. The baseline checkpoint is needed only while a
     GPT-2 run is still to train (finished runs are reported from their results alone)."""
     problems = []
     if any(c < 1 for c in experiment.scales):
         problems.append(f"scales must all be >= 1, got {experiment.scales}")
-    for name in ("train_samples", "test_samples", "baseline_batch_size", "max_new_tokens"):
-        if getattr(experiment, name) < 1:
-            problems.append(f"{name} must be >= 1, got {getattr(experiment, name)}")
-    gpt2_runs = [run for task in experiment.tasks for run in runs_for(output_dir / task, ["gpt2"], experiment.seeds)]
-    if "gpt2" in experiment.models and not all(run.finished for run in gpt2_runs):
+    problems += experiments.below(
+        "train_samples", "test_samples", "baseline_batch_size", "max_new_tokens", of=experiment
+    )
+    plan = FAMILY.planned_runs(experiment, Path(training.output_dir))
+    if not all(run.finished for _, runs in plan for run in runs if run.model == "gpt2"):
         problems += baseline_problems(experiment.baseline_model, experiment.baseline_tokenizer)
-    invalid_configuration(problems + model_size_problems(model))
+    vocab_size = CharVocab().vocab_size
+    small_models = [kind for kind in experiment.models if kind in PAPER_A_MODELS]
+    configs = {kind: functools.partial(model_config, kind, model, vocab_size) for kind in small_models}
+    return problems + experiments.config_problems(configs)
 
 
 def baseline_problems(model: str, tokenizer: str | None) -> list[str]:
     """A missing or unreadable baseline checkpoint is reported before any training, with how to get one."""
-    problems = pretrained_problems("baseline_model", model, weights=True)
-    problems += pretrained_problems("baseline_tokenizer", tokenizer)
+    problems = experiments.pretrained_problems("baseline_model", model, weights=True)
+    problems += experiments.pretrained_problems("baseline_tokenizer", tokenizer)
     hint = "(`python -m training.pretrain_gpt2 configs/mixed/gpt2_pretrain_cpu.yaml` makes a local GPT-2 offline)"
     return [f"{problem} {hint}" for problem in problems]
 
 
-def positional_model(kind: str, model: ModelArguments, vocab_size: int):
-    heads = {
-        "positional": dict(model_type="positional_gpt2", position_embedding_type="none"),
-        "standard": dict(model_type="hybrid_gpt2", num_local_heads=0, position_embedding_type="learned",
-                         content_qk_dim=model.content_qk_dim or model.n_embd),  # Paper A's code: d_model wide
-    }[kind]  # fmt: skip
-    config = AutoConfig.for_model(
-        **heads,
+def model_config(kind: str, model: ModelArguments, vocab_size: int):
+    """Paper A's positional or standard model reading characters and prices, the answer regressed at position 0."""
+    return paper_a_config(
+        kind, standard_qk_dim=model.content_qk_dim or model.n_embd,  # Paper A's code: d_model wide
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_inner=model.n_inner,
         n_positions=model.n_positions, block_style=model.block_style, positional_encoding=model.positional_encoding,
-        positional_qk_dim=model.positional_qk_dim,
-        activation_function=model.activation_function, is_causal=False, attend_to_self=True,
-        vocab_size=vocab_size, numeric_inputs=True, num_labels=1, problem_type="regression",
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+        positional_qk_dim=model.positional_qk_dim, activation_function=model.activation_function, is_causal=False,
+        vocab_size=vocab_size, numeric_inputs=True, num_labels=1, problem_type="regression", pad_token_id=0,
     )  # fmt: skip
-    return AutoModelForTokenClassification.from_config(config)
 
 
-def answer_at_position_zero(dataset) -> InMemoryDataset:
+def answer_at_position_zero(dataset) -> experiments.InMemoryDataset:
     """Per-position regression labels: the answer at position 0, NaN (left out of the loss) elsewhere."""
-    rows = InMemoryDataset(dataset)
+    rows = experiments.InMemoryDataset(dataset)
     answers = rows.columns["labels"].reshape(-1)
     labels = torch.full(rows.columns["input_ids"].shape, float("nan"))
     labels[:, 0] = answers
@@ -198,10 +174,8 @@ def errors(predictions: np.ndarray, answers: np.ndarray) -> dict[str, float]:
     parsed = ~np.isnan(predictions)
     diff = predictions[parsed] - answers[parsed]
     return {
-        "mse": float(np.mean(diff**2)) if parsed.any() else float("nan"),
-        "mape": float(np.mean(np.abs(diff) / np.maximum(np.abs(answers[parsed]), 1e-8)))
-        if parsed.any()
-        else float("nan"),
+        "mse": float(np.mean(diff**2)) if parsed.any() else math.nan,
+        "mape": mape(diff, answers[parsed]) if parsed.any() else math.nan,
         "unparsed": float(1 - parsed.mean()),
     }
 
@@ -209,7 +183,7 @@ def errors(predictions: np.ndarray, answers: np.ndarray) -> dict[str, float]:
 def held_out_set(task: str, experiment, scale: int, names: str, rendering: str):
     """The same samples for every model: prices and prompts depend on (task, c); the name set only swaps names."""
     return mixed_dataset(experiment.test_samples, task, rendering=rendering, scale=scale, names=names,
-                         seed=TEST_SEED + scale)  # fmt: skip
+                         seed=MIXED_TEST_SEED + scale)  # fmt: skip
 
 
 def evaluate(predict: Predict, experiment) -> tuple[dict, dict]:
@@ -230,11 +204,11 @@ def evaluate(predict: Predict, experiment) -> tuple[dict, dict]:
     return by_scale, collapse
 
 
-def train_positional(run: Run, task: str, experiment, model_args, training_args) -> Trained:
-    model = positional_model(run.model, model_args, CharVocab().vocab_size)
+def train_positional(run: experiments.Run, task: str, experiment, model_args, training_args) -> TrainedToPredict:
+    model = AutoModelForTokenClassification.from_config(model_config(run.model, model_args, CharVocab().vocab_size))
     train_set = answer_at_position_zero(mixed_dataset(experiment.train_samples, task, seed=run.seed))
-    trainer = plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
-                              experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
+    trainer = experiments.plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
+                                          experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     totals = run.train(trainer, experiment.resume)
 
     def predict(scale: int, names: str) -> tuple[np.ndarray, np.ndarray]:
@@ -268,11 +242,11 @@ def causal_lm_set(texts, tokenizer):
     )  # fmt: skip
 
 
-def train_gpt2(run: Run, task: str, experiment, training_args) -> Trained:
+def train_gpt2(run: experiments.Run, task: str, experiment, training_args) -> TrainedToPredict:
     model, tokenizer = baseline(experiment, run.model_folder if run.finished else None)
     samples = experiment.baseline_train_samples or experiment.train_samples
     train_set = causal_lm_set(mixed_dataset(samples, task, rendering="text", seed=run.seed), tokenizer)
-    args = run_arguments(
+    args = experiments.run_arguments(
         training_args, run, learning_rate=experiment.baseline_learning_rate,
         num_train_epochs=experiment.baseline_epochs, per_device_train_batch_size=experiment.baseline_batch_size,
         warmup_steps=experiment.baseline_warmup_steps, lr_scheduler_type="linear",
@@ -308,14 +282,32 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, ba
     return np.array([np.nan if a is None else a for a in answers], dtype=np.float64)
 
 
-def train_and_evaluate(run: Run, task: str, experiment, model_args, training_args) -> dict:
+def train_and_evaluate(run: experiments.Run, experiment, model_args, training_args, task: str) -> experiments.Trained:
     set_seed(run.seed)
     if run.model == "gpt2":
         trainer, totals, predict = train_gpt2(run, task, experiment, training_args)
     else:
         trainer, totals, predict = train_positional(run, task, experiment, model_args, training_args)
     by_scale, collapse = evaluate(predict, experiment)
-    return finish_run(trainer, run, totals, by_scale, experiment="mixed", task=task, collapse=collapse)
+    return experiments.Trained(trainer, totals, by_scale, {"collapse": collapse})
+
+
+def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
+    task = results["task"]
+    return CardFacts(
+        paper="A",
+        title=f"mixed {task}",
+        training=f"Paper A's mixed text-and-numbers task `{task}`: 8 priced categories and 2 decoys, prices from "
+        f"[0, 5] ({experiment.train_samples} samples), tested on [0, 5c] for c in {experiment.scales} with the "
+        "category names seen in training (`_seen`) and with unseen ones (`_unseen`)",
+        inputs="`hf_attn.data.mixed_dataset` builds them; the positional and standard models read character ids with"
+        " the prices as `numeric_values` and regress the answer at position 0, GPT-2 reads the text and "
+        "writes ` Answer: ...`",
+        task_type="token-classification",
+        dataset_name=f"mixed {task} (synthetic)",
+        key_name="c",
+        metrics=tuple(f"{m}_{names}" for m in ("mse", "mape", "unparsed") for names in NAME_SETS),
+    )
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
@@ -326,11 +318,10 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    validate(experiment, model_args, Path(training_args.output_dir))
-    run_tasks(train_and_evaluate, write_reports, experiment, model_args, training_args)
-
+FAMILY = experiments.register(experiments.Family(
+    name="mixed", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
+    train=train_and_evaluate, card=card, write_reports=write_reports,
+))  # fmt: skip
 
 if __name__ == "__main__":
-    cli(main)
+    FAMILY.cli()

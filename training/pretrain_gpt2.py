@@ -21,18 +21,9 @@ import numpy as np
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
 from hf_attn.data.wikitext import language_modelling_blocks, read_text_file, tokenize_text
-from hf_attn.experiments import InMemoryDataset, Run, machine_state, perplexity, run_arguments
-from training.common import (
-    TRAINING_FIELDS,
-    arguments_record,
-    claim_runs,
-    cli,
-    invalid_configuration,
-    model_size_problems,
-    parse_config,
-    pretrained_problems,
-    say,
-)
+from hf_attn.experiments import InMemoryDataset, Run, cli, parse_config, perplexity, pretrained_problems, say
+from hf_attn.experiments.arguments import below, invalid_configuration
+from hf_attn.experiments.runs import TRAINING_FIELDS, arguments_record, claim_runs, machine_state, run_arguments
 
 
 @dataclass
@@ -64,7 +55,10 @@ def validate(args: PretrainArguments) -> list[Path]:
         problems.append(f"held_out must be in (0, 1), got {args.held_out}")
     if args.block_size < 2:
         problems.append(f"block_size must be >= 2, got {args.block_size}")
-    invalid_configuration(problems + model_size_problems(args) + pretrained_problems("tokenizer", args.tokenizer))
+    problems += below("n_layer", "n_embd", "n_head", of=args)  # GPT2Config does not check them
+    if min(args.n_embd, args.n_head) >= 1 and args.n_embd % args.n_head:
+        problems.append(f"n_embd ({args.n_embd}) must be divisible by n_head ({args.n_head})")
+    invalid_configuration(problems + pretrained_problems("tokenizer", args.tokenizer))
     return files
 
 
@@ -99,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_tokens": split, "held_out_tokens": len(token_ids) - split, "held_out_perplexity": held_out["perplexity"],
         **totals, "machine": machine_state(), "config": run.settings,
     })  # fmt: skip
+    run.remove_checkpoints()
     say(
         f"{run.model_folder}: GPT-2 of {model.num_parameters():,} parameters pretrained on {split:,} tokens of "
         f"{', '.join(p.name for p in files)} in {(totals['train_seconds'] or math.nan) / 60:.1f} min; held-out "

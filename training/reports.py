@@ -15,9 +15,17 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from hf_attn.experiments import aggregate, collapse_summary, format_value, is_collapsed
-from training import algorithmic, baseline_learning_rate, formal_languages, induction, mixed, wikitext
-from training.common import experiment_of, load_results
+from hf_attn.experiments import aggregate, collapse_summary, family_named, format_value, is_collapsed
+from hf_attn.experiments.arguments import experiment_of
+from hf_attn.experiments.runs import load_results
+from training import (  # noqa: F401  (each script registers its family)
+    algorithmic,
+    baseline_learning_rate,
+    formal_languages,
+    induction,
+    mixed,
+    wikitext,
+)
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
@@ -29,16 +37,15 @@ FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table
 PAPER_B = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
            "formal_languages_check_paper_size")  # fmt: skip
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
-FAMILIES = {"algorithmic": algorithmic, "mixed": mixed, "induction": induction, "formal_languages": formal_languages,
-            "wikitext": wikitext}  # fmt: skip
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
 
 
 def write_family_reports(folder: Path) -> None:
+    """Rewrites the reports of the experiment in `folder` from its runs' results, as its script would."""
     results = load_results(folder)
-    family = FAMILIES[results[0]["experiment"]]
-    family.write_reports(folder, results, experiment_of(family.ExperimentArguments, results))
+    family = family_named(results[0]["experiment"])
+    family.write_reports(folder, results, experiment_of(family.arguments, results))
 
 
 def median(summary: dict, model: str, row: str) -> float:

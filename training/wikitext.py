@@ -16,6 +16,7 @@ PROTOCOL (trained on validation, evaluated on test). A run whose test perplexity
 """
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,56 +25,34 @@ from typing import ClassVar
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
-from hf_attn.configuration_hf_attn import BLOCK_STYLES
+from hf_attn import experiments
 from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
 from hf_attn.experiments import (
-    InMemoryDataset,
-    Run,
     collapse_check,
     collapse_summary,
-    finish_run,
     format_value,
     grid_table,
     is_collapsed,
-    is_main_process,
+    list_field,
     perplexity,
     plateau_exit_step,
     plot_bars,
     plot_loss_curves,
-    run_arguments,
     summarize,
     unigram_nll,
 )
-from training.common import (
-    claim_runs,
-    cli,
-    experiment_of,
-    invalid_configuration,
-    load_results,
-    model_size_problems,
-    parse_config,
-    pretrained_problems,
-    run_all,
-    run_config,
-    runs_for,
-    say,
-)
-from training.variants import parse_variant, variant_problems
+from hf_attn.hub import CardFacts
+from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
 
 
 @dataclass
-class ExperimentArguments:
-    variants: list[str] = field(
-        default_factory=lambda: ["global", "local-1", "local-2", "local-4", "hybrid-1", "hybrid-2", "hybrid-4"],
-        metadata={"help": "`global`, `local-K` (every head K-local) or `hybrid-K` (half global, half K-local)."},
+class ExperimentArguments(experiments.RunArguments):
+    variants: list[str] = list_field(PAPER_B_VARIANTS, VARIANTS_HELP)
+    position_embeddings: list[str] = list_field(
+        POSITION_EMBEDDINGS, "Residual-stream position encodings to compare.", POSITION_EMBEDDINGS
     )
-    position_embeddings: list[str] = field(
-        default_factory=lambda: list(POSITION_EMBEDDINGS),
-        metadata={"help": "Residual-stream position encodings to compare.", "choices": POSITION_EMBEDDINGS},
-    )
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "One run per variant and seed."})
     data_dir: str | None = field(
         default=None,
         metadata={"help": "Folder of wiki.{train,valid,test}.raw; unset: the Hub's wikitext-2-raw-v1 (online)."},
@@ -85,27 +64,30 @@ class ExperimentArguments:
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Use only the first N training tokens."})
     max_eval_tokens: int | None = field(default=None, metadata={"help": "Evaluate on only the first N tokens."})
-    resume: bool = field(default=False, metadata={"help": "Continue interrupted runs from their last checkpoint."})
 
-    # A rerun may change these: which runs to make (TrainingArguments' `seed` too: each run's comes from `seeds`),
-    # and evaluation only (a finished run is re-evaluated on its kept model); other changes are refused.
-    run_fields: ClassVar[tuple[str, ...]] = ("variants", "position_embeddings", "seeds", "resume", "seed")
+    run_fields: ClassVar[tuple[str, ...]] = ("variants", "position_embeddings", *experiments.RunArguments.run_fields)
     evaluation_fields: ClassVar[tuple[str, ...]] = ("eval_stride", "max_eval_tokens")
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(PaperBModelArguments):
     n_layer: int = field(default=12, metadata={"help": "Depth (GPT-2 small: 12)."})
     n_embd: int = field(default=768, metadata={"help": "Width (GPT-2 small: 768)."})
     n_head: int = field(default=12, metadata={"help": "Heads per layer (GPT-2 small: 12)."})
-    block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
-    attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
     vocab_size: int | None = field(default=None, metadata={"help": "Embedding rows; default the tokenizer's size."})
 
 
-def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
+def plan(experiment: ExperimentArguments) -> list[experiments.Group]:
+    """A folder of runs per position encoding: OUTPUT_DIR/POSITIONS/VARIANT/seed-S."""
+    return [
+        experiments.Group(positions, experiment.variants, {"positions": positions})
+        for positions in experiment.position_embeddings
+    ]
+
+
+def problems(experiment: ExperimentArguments, model: ModelArguments, training: TrainingArguments) -> list[str]:
     """Every problem at once, before data or the tokenizer are loaded."""
-    problems = variant_problems(experiment.variants)
+    problems = []
     if experiment.block_size < 2:
         problems.append(f"block_size must be >= 2, got {experiment.block_size}")
     stride = experiment.eval_stride
@@ -120,40 +102,71 @@ def validate(experiment: ExperimentArguments, model: ModelArguments) -> None:
             f"data_dir {experiment.data_dir} is not a folder; offline use ../shared/data/wikitext-2-raw, "
             "online leave data_dir unset to download from the Hub"
         )
-    problems += pretrained_problems("tokenizer", experiment.tokenizer)
-    invalid_configuration(problems + model_size_problems(model))
+    problems += experiments.pretrained_problems("tokenizer", experiment.tokenizer)
+    vocab_size = 1 if model.vocab_size is None else model.vocab_size  # None: the tokenizer's size, once loaded
+    return problems + experiments.config_problems({
+        f"{variant} with {positions} positions": functools.partial(
+            model_config, variant, positions, model, vocab_size, experiment.block_size)
+        for variant, positions in itertools.product(experiment.variants, experiment.position_embeddings)
+    })  # fmt: skip
 
 
-def build_model(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
-    config = AutoConfig.for_model(
+def model_config(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
+    return AutoConfig.for_model(
         **parse_variant(variant),
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=block_size,
         block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
         vocab_size=vocab_size, bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
-    return AutoModelForCausalLM.from_config(config)
 
 
-def train_and_evaluate(run: Run, positions: str, data, experiment, model_args, training_args) -> dict:
+def build_model(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
+    return AutoModelForCausalLM.from_config(model_config(variant, positions, model, vocab_size, block_size))
+
+
+def train_and_evaluate(
+    run: experiments.Run, experiment, model_args, training_args, positions: str, data: dict
+) -> experiments.Trained:
     set_seed(run.seed)
     model = build_model(run.model, positions, model_args, data["vocab_size"], experiment.block_size)
-    trainer = Trainer(model=model, args=run_arguments(training_args, run), train_dataset=data["train"])
+    trainer = Trainer(model=model, args=experiments.run_arguments(training_args, run), train_dataset=data["train"])
     totals = run.train(trainer, experiment.resume)
     stride = experiment.eval_stride or experiment.block_size // 2
     scores = perplexity(
         model, data["eval_ids"], experiment.block_size, stride, training_args.per_device_eval_batch_size
     )
     unigram = data["unigram"]
-    return finish_run(
-        trainer, run, totals, {run.model: scores}, experiment="wikitext", positions=positions,
-        protocol=data["description"], context_length=experiment.block_size, eval_stride=stride,
-        tokenizer=data["tokenizer"], unigram=unigram,
-        collapse=collapse_check(scores["perplexity"], unigram["test_perplexity"], "perplexity"),
-        left_unigram_plateau_at=plateau_exit_step(totals["loss_curve"] or [], unigram["train_loss"]),
+    return experiments.Trained(
+        trainer, totals, {run.model: scores},
+        {
+            "protocol": data["description"], "context_length": experiment.block_size, "eval_stride": stride,
+            "unigram": unigram,
+            "collapse": collapse_check(scores["perplexity"], unigram["test_perplexity"], "perplexity"),
+            "left_unigram_plateau_at": plateau_exit_step(totals["loss_curve"] or [], unigram["train_loss"]),
+        },
+        tokenizer=data["tokenizer"],
     )  # fmt: skip
 
 
+def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
+    return CardFacts(
+        paper="B",
+        title=f"WikiText-2, {results['positions']} positions",
+        training=f"causal language modelling on WikiText-2 ({results['protocol']}), context "
+        f"{results['context_length']} tokens",
+        inputs="GPT-2's tokenizer, saved beside the weights",
+        task_type="text-generation",
+        dataset_name="WikiText-2 (raw)",
+        key_name="variant",
+        metrics=("perplexity",),
+        dataset_type="Salesforce/wikitext",
+        dataset_config="wikitext-2-raw-v1",
+        datasets=("Salesforce/wikitext",),
+    )
+
+
 def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
+    """Once, before any run trains: the tokenized splits (as every run's `data`) and the unigram baseline."""
     splits = load_wikitext(experiment.data_dir)
     tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer)
     vocab_size = model.vocab_size or len(tokenizer)
@@ -167,21 +180,17 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
     for ids, source in ((train_ids, splits.train_source), (eval_ids, splits.eval_source)):
         if len(ids) < experiment.block_size:
             raise ValueError(f"{source} has {len(ids)} tokens, fewer than block_size={experiment.block_size}")
-    train = InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
+    train = experiments.InMemoryDataset(language_modelling_blocks(train_ids, experiment.block_size))
     # The model that ignores context: a run within 5% of its test perplexity learned nothing from the context and
     # is left out of the means (`collapse`); its training loss is the plateau a stuck run sits on.
     unigram = {
         "test_perplexity": math.exp(unigram_nll(train_ids, eval_ids[1:], vocab_size)),
         "train_loss": unigram_nll(train_ids, train_ids, vocab_size),
     }
-    return {
-        "train": train,
-        "eval_ids": eval_ids,
-        "vocab_size": vocab_size,
-        "tokenizer": tokenizer,
-        "description": splits.description,
-        "unigram": unigram,
-    }
+    experiments.say(splits.description)
+    data = {"train": train, "eval_ids": eval_ids, "vocab_size": vocab_size, "tokenizer": tokenizer,
+            "description": splits.description, "unigram": unigram}  # fmt: skip
+    return {"data": data}
 
 
 def perplexity_table(results: list[dict], variants: list[str], encodings: list[str]) -> str:
@@ -245,24 +254,10 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
-    experiment, model_args, training_args = parse_config((ExperimentArguments, ModelArguments, TrainingArguments), argv)
-    validate(experiment, model_args)
-    output_dir = Path(training_args.output_dir)
-    settings = run_config(experiment, model_args, training_args)
-    runs = {positions: runs_for(output_dir / positions, experiment.variants, experiment.seeds, settings)
-            for positions in experiment.position_embeddings}  # fmt: skip
-    claim_runs(output_dir, [run for group in runs.values() for run in group], experiment)
-    data = load_data(experiment, model_args)
-    say(data["description"])
-    for positions, group in runs.items():
-        train = functools.partial(train_and_evaluate, positions=positions, data=data, experiment=experiment,
-                                  model_args=model_args, training_args=training_args)  # fmt: skip
-        run_all(group, train, training_args, experiment)
-    if is_main_process():  # every run in OUTPUT_DIR, e.g. cpu.yaml's and cpu_positions.yaml's, reports as one table
-        results = load_results(output_dir)
-        print(write_reports(output_dir, results, experiment_of(ExperimentArguments, results)))
-
+FAMILY = experiments.register(experiments.Family(
+    name="wikitext", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
+    train=train_and_evaluate, card=card, write_reports=write_reports, prepare=load_data,
+))  # fmt: skip
 
 if __name__ == "__main__":
-    cli(main)
+    FAMILY.cli()

@@ -10,6 +10,7 @@ from .formal_languages import (
     sample_strings,
 )
 from .induction import InductionVocab, khop_dataset, khop_targets
+from .labels import IGNORE_INDEX
 from .mixed import (
     MIXED_TASKS,
     CharVocab,
@@ -24,6 +25,7 @@ from .mixed import (
 from .wikitext import WIKITEXT_FILES, WikiTextSplits, language_modelling_blocks, load_wikitext, tokenize_text
 
 __all__ = [
+    "IGNORE_INDEX",
     "WIKITEXT_FILES",
     "WikiTextSplits",
     "language_modelling_blocks",

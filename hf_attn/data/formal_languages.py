@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import datasets
 import numpy as np
 
+from .labels import IGNORE_INDEX
+
 LANGUAGES = (
     "ends_with_a",
     "ends_with_ab",
@@ -58,7 +60,6 @@ LTL_CLASSES = {
     "right_deterministic_polynomial": "outside LTL[P,Y]",
     "dyck2_bounded": "outside LTL[P,Y]",
 }
-IGNORE_INDEX = -100  # labels skipped by the loss (transformers' convention)
 A, B, C, D = 0, 1, 2, 3  # symbol ids within an alphabet; for the polynomial B is b0, C is b1, D is neutral
 
 # The references: plain regexes, independent of the vectorised samplers below.

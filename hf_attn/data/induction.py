@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import datasets
 import numpy as np
 
+from .labels import IGNORE_INDEX
+
 CHARACTERS = "abcdefghij"
 NUM_TRAIN_CHARACTERS = 5  # a-e for training, f-j held out for the OOD split (Paper A: 5 seen, 5 unseen)
 SPLITS = ("train", "ood")
-IGNORE_INDEX = -100  # labels skipped by the loss (transformers' convention)
 
 
 @dataclass(frozen=True)

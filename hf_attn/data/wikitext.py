@@ -5,20 +5,16 @@ Hub; offline, a folder of `wiki.{train,valid,test}.raw` files works, and when it
 reduced protocol trains on validation and evaluates on test, which every output must say.
 """
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 import numpy as np
 
+from ..hub import hub_offline
+
 WIKITEXT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 HUB_DATASET = ("wikitext", "wikitext-2-raw-v1")
-
-
-def hub_offline() -> bool:
-    return any(os.environ.get(name, "0").lower() not in ("0", "false", "") for name in
-               ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,99 @@
+"""What every experiment family shares, so that its script holds only its own logic.
+
+- `family`: the `Family` a script declares once (arguments, runs, training, card facts, reports) and the command
+  that runs it;
+- `arguments`: CONFIG.yaml and flags parsed the HF way, every problem refused before anything is built;
+- `runs`: one run's lifecycle (folder, settings, resume, results, model folder, push);
+- `processes`: which process writes, and one script per output folder;
+- `trainers`: in-memory datasets and Paper A's plateau Trainer;
+- `metrics`: errors, accuracy, perplexity and the input-blind baselines behind collapse detection;
+- `reports`: tables and plots over seeds.
+"""
+
+from .arguments import (
+    TEST_SEED,
+    ModelArguments,
+    RunArguments,
+    below,
+    cli,
+    config_problems,
+    list_field,
+    parse_config,
+    pretrained_problems,
+)
+from .family import Family, Group, family_named, register
+from .metrics import (
+    argmax_accuracy,
+    collapse_check,
+    input_blind_error_rate,
+    input_blind_mse,
+    is_collapsed,
+    longest_perfect_length,
+    mape,
+    perplexity,
+    plateau_exit_step,
+    regression_metrics,
+    unigram_nll,
+)
+from .processes import is_main_process, say
+from .reports import (
+    aggregate,
+    collapse_summary,
+    format_value,
+    grid_table,
+    markdown_table,
+    plot_bars,
+    plot_heatmap,
+    plot_loss_curves,
+    summarize,
+    write_report,
+    write_task_reports,
+)
+from .runs import Run, Trained, run_arguments
+from .trainers import InMemoryDataset, PlateauTrainer, plateau_trainer
+
+__all__ = [
+    "Family",
+    "Group",
+    "register",
+    "family_named",
+    "RunArguments",
+    "ModelArguments",
+    "TEST_SEED",
+    "below",
+    "list_field",
+    "cli",
+    "config_problems",
+    "parse_config",
+    "pretrained_problems",
+    "Run",
+    "Trained",
+    "run_arguments",
+    "is_main_process",
+    "say",
+    "InMemoryDataset",
+    "PlateauTrainer",
+    "plateau_trainer",
+    "argmax_accuracy",
+    "collapse_check",
+    "input_blind_error_rate",
+    "input_blind_mse",
+    "is_collapsed",
+    "longest_perfect_length",
+    "mape",
+    "perplexity",
+    "plateau_exit_step",
+    "regression_metrics",
+    "unigram_nll",
+    "aggregate",
+    "collapse_summary",
+    "format_value",
+    "grid_table",
+    "markdown_table",
+    "plot_bars",
+    "plot_heatmap",
+    "plot_loss_curves",
+    "summarize",
+    "write_report",
+    "write_task_reports",
+]
