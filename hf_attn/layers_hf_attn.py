@@ -218,7 +218,9 @@ class HfAttnAttention(nn.Module):
 
         # (B, T, H, D) heads side by side, one copy; then (B, T, C) for free
         out = torch.cat([o.transpose(1, 2) for o in outputs], dim=2) if len(outputs) > 1 else outputs[0].transpose(1, 2)
-        out = self.in_layout_order(out, dim=2).reshape(batch, length, -1)
+        # contiguous: with one head the reshape can be a strided view (e.g. of a broadcast matmul), which Conv1D's
+        # .view refuses
+        out = self.in_layout_order(out, dim=2).reshape(batch, length, -1).contiguous()
         out = self.resid_dropout(self.c_proj(out))
         if not output_attentions:
             return out, None

@@ -137,6 +137,21 @@ def test_output_attentions_are_the_real_weights_in_layout_order(layout, attend_t
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("attend_to_self", [False, True])
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_one_head_models_run_batches_as_each_sample_alone(model_type, attend_to_self, is_causal):
+    """A single head's output can come out of its kernel as a strided view (a positional head's broadcast matmul
+    did): the output projection must still take it, and each sample's logits must not depend on the others."""
+    config = tiny_config(model_type, n_head=1, n_embd=16, attend_to_self=attend_to_self, is_causal=is_causal)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    input_ids = torch.randint(0, 37, (3, 9))
+    with torch.no_grad():
+        batched = model(input_ids).logits
+        alone = torch.cat([model(row[None]).logits for row in input_ids])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_no_nan_with_strict_masks_and_padding(model_type, dtype):
     config = tiny_config(model_type, attend_to_self=False, position_embedding_type="rope")
