@@ -236,7 +236,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         f"{unigram['test_perplexity']:.0f} and training loss {unigram['train_loss']:.3f}.",
         "## test perplexity by variant and position encoding: mean over runs (lowest-highest run)",
         perplexity_table(results, experiment.variants, encodings),
-        collapse_summary(results),
+        collapse_summary([{**r, "model": f"{r['model']} ({r['positions']})"} for r in results]),  # per encoding
         "## every run",
         runs_table(results),
     ]) + "\n"  # fmt: skip
