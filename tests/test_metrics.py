@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, T
 import hf_attn
 from hf_attn import load_metric
 from hf_attn.data import algorithmic_dataset
-from hf_attn.experiments import InMemoryDataset
+from hf_attn.experiments import InMemoryDataset, labelled_argmax
 from hf_attn.hub import PAPERS
 from hf_attn.metrics import METRIC_NAMES, metric_path
 
@@ -150,7 +150,9 @@ def test_recognition_gives_the_numbers_of_the_former_functions(recognition):
     references = np.arange(40) % 2
     decisions = references.copy()
     decisions[[22, 36, 37]] = 1 - decisions[[22, 36, 37]]
-    scores = recognition.compute(predictions=decisions, references=references, lengths=lengths)
+    logits = np.eye(2)[decisions][:, None, :]  # (N, 1, 2): a recognizer's logits at <eos>
+    predictions, labels = labelled_argmax(logits, references[:, None])
+    scores = recognition.compute(predictions=predictions, references=labels, lengths=lengths)
     # argmax_accuracy per length, statistics.fmean over lengths and longest_perfect_length, as before:
     assert scores == {
         "accuracy_by_length": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 0.8, 6: 1.0, 7: 1.0, 8: 0.6},
