@@ -10,6 +10,7 @@ import transformers
 from . import hub
 from .cache_hf_attn import HeadKindCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
+from .metrics import load_metric  # imports `evaluate` only when called
 from .modeling_hf_attn import *  # noqa: F403
 from .modeling_hf_attn import MODEL_CLASSES, HfAttnPreTrainedModel
 from .modeling_hf_attn import __all__ as _modeling_all
@@ -43,5 +44,6 @@ __all__ = [
     "LocalGPT2Config",
     "HybridGPT2Config",
     *_modeling_all,
+    "load_metric",
     "convert_gpt2",  # noqa: F405  (loaded on first use by __getattr__)
 ]

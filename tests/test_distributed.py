@@ -17,8 +17,9 @@ from torch.distributed.fsdp import StateDictType
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Trainer, TrainingArguments
 
 import training.algorithmic as algorithmic
+from hf_attn import load_metric
 from hf_attn.data import algorithmic_dataset
-from hf_attn.experiments import TEST_SEED, InMemoryDataset, regression_metrics
+from hf_attn.experiments import TEST_SEED, InMemoryDataset
 from hf_attn.layers_hf_attn import BLOCKS
 
 ROOT = Path(__file__).parents[1]
@@ -79,10 +80,14 @@ def test_torchrun_two_processes_write_results_once(tmp_path):
     results = json.loads((runs[0] / "results.json").read_text())
     model = AutoModelForTokenClassification.from_pretrained(runs[0] / "model")
     trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path / "eval"), use_cpu=True, report_to="none"))
+    ood_regression = load_metric("ood_regression")
     for scale in (1, 3):
         test_set = algorithmic_dataset("cumulative_min", 50, scale=scale, seed=TEST_SEED + scale)
         predictions = trainer.predict(InMemoryDataset(test_set)).predictions[..., 0]
-        metrics = regression_metrics(predictions, test_set.with_format("numpy")[:]["labels"], 0.05 * scale)
+        labels = test_set.with_format("numpy")[:]["labels"]
+        metrics = ood_regression.compute(
+            predictions=predictions.ravel(), references=labels.ravel(), tolerance=0.05 * scale
+        )
         assert metrics["mse"] == pytest.approx(results["by_scale"][str(scale)]["mse"], rel=1e-5)
 
 

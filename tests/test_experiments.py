@@ -31,7 +31,7 @@ import training.induction as induction
 import training.mixed as mixed
 import training.pretrain_gpt2 as pretrain_gpt2
 import training.wikitext as wikitext
-from hf_attn import experiments
+from hf_attn import experiments, load_metric
 from hf_attn.data import algorithmic_dataset
 from hf_attn.experiments import perplexity
 from hf_attn.experiments.processes import LOCK_FILE, lock_output_dir
@@ -255,7 +255,10 @@ def toy_train(run, experiment, model_args, training_args, task):
     trainer = Trainer(model=model, args=experiments.run_arguments(training_args, run), train_dataset=data)
     totals = run.train(trainer, experiment.resume)
     labels = data.columns["labels"].numpy()
-    metrics = experiments.regression_metrics(trainer.predict(data).predictions[..., 0], labels, 0.1)
+    predictions = trainer.predict(data).predictions[..., 0]
+    metrics = load_metric("ood_regression").compute(
+        predictions=predictions.ravel(), references=labels.ravel(), tolerance=0.1
+    )
     return experiments.Trained(trainer, totals, {"1": metrics})
 
 

@@ -21,10 +21,10 @@ from typing import ClassVar
 from transformers import AutoModelForTokenClassification, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
-from hf_attn import experiments
+from hf_attn import experiments, load_metric
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
-from hf_attn.experiments import collapse_check, input_blind_mse, list_field, regression_metrics, write_task_reports
+from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
 from hf_attn.hub import CardFacts
 from training.models import PAPER_A_MODELS, paper_a_config
 
@@ -135,6 +135,7 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
                                           experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     totals = run.train(trainer, experiment.resume)
 
+    ood_regression = load_metric("ood_regression")
     by_scale, collapse = {}, None
     for scale in sorted({1, *experiment.scales}):  # c = 1, in distribution, is always tested: the collapse check
         test_set = algorithmic_dataset(
@@ -142,7 +143,9 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
         )
         predictions = trainer.predict(experiments.InMemoryDataset(test_set)).predictions[..., 0]
         labels = test_set.with_format("numpy")[:]["labels"]
-        metrics = regression_metrics(predictions, labels, experiment.tolerance * scale)
+        metrics = ood_regression.compute(
+            predictions=predictions.ravel(), references=labels.ravel(), tolerance=experiment.tolerance * scale
+        )
         if scale == 1:
             collapse = collapse_check(metrics["mse"], input_blind_mse(labels), "mse")
         if scale in experiment.scales:

@@ -6,7 +6,7 @@ tested on every length L in `range(test_min_length, test_max_length + 1, test_le
 step 1), `test_samples_per_length` strings each (Paper B: 512), half members and half adversarial near misses.
 `ab_star` and `dyck2_bounded` have members only at even lengths: their odd test lengths are skipped.
 
-Metrics per run (in results.json):
+Metrics per run (in results.json), from the `recognition` metric (`hf_attn.load_metric`):
 - `accuracy` per test length (`by_scale[str(L)]["accuracy"]`) and `mean_accuracy`, their unweighted mean; the same
   on every training length (`train_accuracy_by_length`, `train_accuracy`), with test-style strings of a seed no
   training run uses;
@@ -37,10 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
+from evaluate import EvaluationModule
 from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
-from hf_attn import experiments
+from hf_attn import experiments, load_metric
 from hf_attn.data.formal_languages import (
     LANGUAGES,
     LTL_CLASSES,
@@ -48,7 +50,7 @@ from hf_attn.data.formal_languages import (
     formal_language_dataset,
     sample_strings,
 )
-from hf_attn.experiments import argmax_accuracy, grid_table, list_field, longest_perfect_length, plot_heatmap
+from hf_attn.experiments import grid_table, labelled_argmax, list_field, plot_heatmap
 from hf_attn.hub import CardFacts
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
@@ -173,14 +175,19 @@ def build_model(variant: str, positions: str, model: ModelArguments, language: s
 # --- one run ---------------------------------------------------------------------------------------------------
 
 
-def string_accuracy(trainer: Trainer, language: str, length: int, samples: int) -> float:
-    """Share of `samples` test strings of exactly `length` symbols whose `<eos>` decision is right."""
+def string_decisions(trainer: Trainer, language: str, length: int, samples: int) -> dict[str, np.ndarray]:
+    """The `<eos>` decisions, labels and lengths of `samples` test strings of exactly `length` symbols: the
+    `recognition` metric's inputs."""
     test_set = formal_language_dataset(language, samples, length, length, seed=experiments.TEST_SEED + length)
-    labels = test_set.with_format("numpy")[:]["labels"]  # (N, L + 2), IGNORE_INDEX except at <eos>
-    logits = trainer.predict(
-        experiments.InMemoryDataset(test_set.remove_columns("length"))
-    ).predictions  # (N, L + 2, 2)
-    return argmax_accuracy(logits, labels)
+    rows = test_set.with_format("numpy")[:]  # labels (N, L + 2): IGNORE_INDEX except at <eos>
+    logits = trainer.predict(experiments.InMemoryDataset(test_set.remove_columns("length"))).predictions
+    predictions, references = labelled_argmax(logits, rows["labels"])  # one labelled position per string
+    return {"predictions": predictions, "references": references, "lengths": rows["length"]}
+
+
+def recognition_scores(recognition: EvaluationModule, decisions: list[dict[str, np.ndarray]]) -> dict:
+    """The `recognition` metric over the strings of several `string_decisions`."""
+    return recognition.compute(**{key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]})
 
 
 def train_and_evaluate(
@@ -193,17 +200,20 @@ def train_and_evaluate(
     args = experiments.run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=experiments.InMemoryDataset(train.remove_columns("length")))
     totals = run.train(trainer, experiment.resume)
-    samples = experiment.test_samples_per_length
-    train_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in training_lengths(language, experiment)}
-    test_accuracy = {n: string_accuracy(trainer, language, n, samples) for n in evaluated_lengths(language, experiment)}
+    samples, recognition = experiment.test_samples_per_length, load_metric("recognition")
+    train_strings = [string_decisions(trainer, language, n, samples) for n in training_lengths(language, experiment)]
+    test_strings = [string_decisions(trainer, language, n, samples) for n in evaluated_lengths(language, experiment)]
+    train_scores = recognition_scores(recognition, train_strings)
+    test_scores = recognition_scores(recognition, test_strings)
+    every_length = recognition_scores(recognition, train_strings + test_strings)  # Paper B's walk starts in training
     return experiments.Trained(
-        trainer, totals, {str(n): {"accuracy": a} for n, a in test_accuracy.items()},
+        trainer, totals, {str(n): {"accuracy": a} for n, a in test_scores["accuracy_by_length"].items()},
         {
-            "mean_accuracy": statistics.fmean(test_accuracy.values()),
-            "longest_perfect_length": longest_perfect_length(train_accuracy | test_accuracy),
-            "longest_perfect_test_length": longest_perfect_length(test_accuracy),
-            "train_accuracy": statistics.fmean(train_accuracy.values()),
-            "train_accuracy_by_length": {str(n): a for n, a in train_accuracy.items()},
+            "mean_accuracy": test_scores["mean_accuracy"],
+            "longest_perfect_length": every_length["longest_perfect_length"],
+            "longest_perfect_test_length": test_scores["longest_perfect_length"],
+            "train_accuracy": train_scores["mean_accuracy"],
+            "train_accuracy_by_length": {str(n): a for n, a in train_scores["accuracy_by_length"].items()},
         },
     )  # fmt: skip
 

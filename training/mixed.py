@@ -35,11 +35,11 @@ from transformers import (
 )
 
 import hf_attn  # noqa: F401  (registers the model types)
-from hf_attn import experiments
+from hf_attn import experiments, load_metric
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
 from hf_attn.data.mixed import NAME_SETS
-from hf_attn.experiments import collapse_check, input_blind_mse, list_field, mape, write_task_reports
+from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
 from hf_attn.hub import CardFacts
 from training.models import PAPER_A_MODELS, paper_a_config
 
@@ -170,14 +170,11 @@ def answer_at_position_zero(dataset) -> experiments.InMemoryDataset:
 
 
 def errors(predictions: np.ndarray, answers: np.ndarray) -> dict[str, float]:
-    """MSE and MAPE over parsed answers (NaN predictions are unparsed ones), and the unparsed share."""
+    """MSE and MAPE over parsed answers (NaN predictions are unparsed ones; NaN when none is), and the unparsed
+    share."""
     parsed = ~np.isnan(predictions)
-    diff = predictions[parsed] - answers[parsed]
-    return {
-        "mse": float(np.mean(diff**2)) if parsed.any() else math.nan,
-        "mape": mape(diff, answers[parsed]) if parsed.any() else math.nan,
-        "unparsed": float(1 - parsed.mean()),
-    }
+    scores = load_metric("ood_regression").compute(predictions=predictions[parsed], references=answers[parsed])
+    return {**scores, "unparsed": float(1 - parsed.mean())}
 
 
 def held_out_set(task: str, experiment, scale: int, names: str, rendering: str):

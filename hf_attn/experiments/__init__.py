@@ -6,7 +6,8 @@
 - `runs`: one run's lifecycle (folder, settings, resume, results, model folder, push);
 - `processes`: which process writes, and one script per output folder;
 - `trainers`: in-memory datasets and Paper A's plateau Trainer;
-- `metrics`: errors, accuracy, perplexity and the input-blind baselines behind collapse detection;
+- `metrics`: token accuracy, perplexity's sliding-window scoring and the input-blind baselines behind collapse
+  detection (the metrics themselves are `evaluate` modules, `hf_attn.metrics`);
 - `reports`: tables and plots over seeds.
 """
 
@@ -28,11 +29,9 @@ from .metrics import (
     input_blind_error_rate,
     input_blind_mse,
     is_collapsed,
-    longest_perfect_length,
-    mape,
+    labelled_argmax,
     perplexity,
     plateau_exit_step,
-    regression_metrics,
     unigram_nll,
 )
 from .processes import is_main_process, say
@@ -79,11 +78,9 @@ __all__ = [
     "input_blind_error_rate",
     "input_blind_mse",
     "is_collapsed",
-    "longest_perfect_length",
-    "mape",
+    "labelled_argmax",
     "perplexity",
     "plateau_exit_step",
-    "regression_metrics",
     "unigram_nll",
     "aggregate",
     "collapse_summary",

@@ -1,5 +1,6 @@
-"""What the experiments measure: regression errors, accuracy, perplexity, and the input-blind baselines that tell a
-run that learned something from one that collapsed.
+"""What the experiments measure beyond hf_attn's `evaluate` metrics (`hf_attn.metrics`: regression errors,
+recognition, perplexity): token accuracy, the sliding-window scoring behind perplexity, and the input-blind baselines
+that tell a run that learned something from one that collapsed.
 
 A run whose in-distribution error is within `COLLAPSE_TOLERANCE` of the best predictor that ignores the input has
 collapsed: it learned (almost) nothing about its input. Its results.json says so (`collapse_check`), and reports
@@ -12,46 +13,25 @@ import numpy as np
 import torch
 
 from ..data.labels import IGNORE_INDEX
+from ..metrics import load_metric
 
 COLLAPSE_TOLERANCE = 0.05
 
 
-# --- regression and classification ------------------------------------------------------------------------------
+# --- classification ----------------------------------------------------------------------------------------------
 
 
-def mape(errors: np.ndarray, targets: np.ndarray) -> float:
-    """Mean absolute error relative to the target (a target of 0 counts as 1e-8)."""
-    return float(np.mean(np.abs(errors) / np.maximum(np.abs(targets), 1e-8)))
-
-
-def regression_metrics(predictions: np.ndarray, labels: np.ndarray, tolerance: float) -> dict[str, float]:
-    """MSE over labelled positions (NaN labels, e.g. a scratchpad, are left out), the share within `tolerance` of
-    the label, and MAPE."""
-    predictions = np.asarray(predictions, dtype=np.float64).reshape(labels.shape)
-    kept = ~np.isnan(labels)
-    errors = predictions[kept] - labels[kept]
-    return {
-        "mse": float(np.mean(errors**2)),
-        "accuracy": float(np.mean(np.abs(errors) <= tolerance)),
-        "mape": mape(errors, labels[kept]),
-    }
+def labelled_argmax(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The arg-max class and the label at every labelled position (not `IGNORE_INDEX`), in row order: e.g. one
+    `<eos>` decision per string for the `recognition` metric."""
+    labelled = labels != IGNORE_INDEX
+    return logits.argmax(-1)[labelled], labels[labelled]
 
 
 def argmax_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Share of labelled positions (not `IGNORE_INDEX`) whose arg-max class is the label."""
-    labelled = labels != IGNORE_INDEX
-    return float(np.mean(logits.argmax(-1)[labelled] == labels[labelled]))
-
-
-def longest_perfect_length(accuracy_by_length: dict[int, float]) -> int:
-    """Paper B's: the largest evaluated length N with accuracy 1 at every evaluated length up to N; 0 if the shortest
-    is already below 1."""
-    longest = 0
-    for length in sorted(accuracy_by_length):
-        if accuracy_by_length[length] < 1.0:
-            break
-        longest = length
-    return longest
+    """Share of labelled positions whose arg-max class is the label."""
+    predictions, references = labelled_argmax(logits, labels)
+    return float(np.mean(predictions == references))
 
 
 # --- input-blind baselines and collapse ---------------------------------------------------------------------------
@@ -118,7 +98,8 @@ def perplexity(model, token_ids, context_length: int, stride: int, batch_size: i
 
     The stream is scored in chunks of `stride` tokens; each chunk is read in a window of the `context_length`
     tokens ending with it, so every scored token sees at least `context_length - stride` earlier tokens (all of
-    them near the start). Not `exp(eval_loss)`, which weights blocks rather than tokens.
+    them near the start). Not `exp(eval_loss)`, which weights blocks rather than tokens. The `perplexity` metric
+    aggregates the scored tokens' NLLs.
     """
     if not 1 <= stride < context_length:
         raise ValueError(f"`stride` must be in [1, context_length={context_length}), got {stride}.")
@@ -132,7 +113,7 @@ def perplexity(model, token_ids, context_length: int, stride: int, batch_size: i
         end = min(first + stride, len(token_ids))
         windows.append((max(0, end - context_length), end, first))
     model.eval()
-    total_nll, total_tokens = 0.0, 0
+    token_nll = []  # (tokens,) float64: the NLL of every scored token, in stream order
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
         width = max(end - start for start, end, _ in batch)
@@ -142,10 +123,7 @@ def perplexity(model, token_ids, context_length: int, stride: int, batch_size: i
             inputs[row, : end - start] = token_ids[start:end]
             targets[row, first - start : end - start] = token_ids[first:end]
         logits = model(input_ids=inputs.to(model.device)).logits[:, :-1].float()  # position t predicts t + 1
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1).to(logits.device), reduction="sum"
-        )
-        total_nll += nll.item()
-        total_tokens += int((targets[:, 1:] != IGNORE_INDEX).sum())
-    mean_nll = total_nll / total_tokens
-    return {"perplexity": math.exp(mean_nll), "mean_nll": mean_nll, "tokens": total_tokens}
+        labels = targets[:, 1:].reshape(-1).to(logits.device)  # (B * (width - 1),)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="none")
+        token_nll.append(nll[labels != IGNORE_INDEX].double().cpu())
+    return load_metric("perplexity").compute(predictions=torch.cat(token_nll).numpy())
