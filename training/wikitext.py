@@ -193,18 +193,27 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
     return {"data": data}
 
 
+def kept_perplexities(results: list[dict]) -> dict[tuple[str, str], tuple[list[float], int]]:
+    """Per (variant, position encoding): the test perplexities of the runs kept (not collapsed), and how many ran."""
+    cells: dict[tuple[str, str], tuple[list[float], int]] = {}
+    for r in results:
+        values, runs = cells.get((r["model"], r["positions"]), ([], 0))
+        kept = [] if is_collapsed(r) else [r["by_scale"][r["model"]]["perplexity"]]
+        cells[r["model"], r["positions"]] = (values + kept, runs + 1)
+    return cells
+
+
 def perplexity_table(results: list[dict], variants: list[str], encodings: list[str]) -> str:
     """Test perplexity per variant (rows) and position encoding (columns): the mean over the runs kept, the lowest
     and highest run, and how many runs (collapsed ones named below the table and left out of the mean)."""
-    cells = {}
+    grouped, cells = kept_perplexities(results), {}
     for variant in variants:
         for positions in encodings:
-            runs = [r for r in results if r["model"] == variant and r["positions"] == positions]
-            values = [r["by_scale"][variant]["perplexity"] for r in runs if not is_collapsed(r)]
-            if runs:
+            if (variant, positions) in grouped:
+                values, runs = grouped[variant, positions]
                 spread = f" ({format_value(min(values))}-{format_value(max(values))})" if len(values) > 1 else ""
                 mean = format_value(summarize(values)["mean"]) if values else "collapsed"
-                cells.setdefault(variant, {})[positions] = f"{mean}{spread}, {len(values)} of {len(runs)} runs"
+                cells.setdefault(variant, {})[positions] = f"{mean}{spread}, {len(values)} of {runs} runs"
     return grid_table(cells, "variant")
 
 
@@ -241,9 +250,8 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         runs_table(results),
     ]) + "\n"  # fmt: skip
     (output_dir / "results.md").write_text(report)
-    kept = [r for r in results if not is_collapsed(r)]
-    bars = {p: {v: summarize([r["by_scale"][v]["perplexity"] for r in kept if r["model"] == v and r["positions"] == p])
-                for v in experiment.variants if any(r["model"] == v and r["positions"] == p for r in kept)}
+    grouped = kept_perplexities(results)
+    bars = {p: {v: summarize(grouped[v, p][0]) for v in experiment.variants if grouped.get((v, p), ([], 0))[0]}
             for p in encodings}  # fmt: skip
     plot_bars(bars, output_dir / "perplexity.png", "WikiText-2 test perplexity, mean over runs", "perplexity")
     panels = {p: {} for p in encodings}
