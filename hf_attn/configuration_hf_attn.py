@@ -79,6 +79,13 @@ class HfAttnConfig(GPT2Config):
         `torch.compile` (faster once warm, after tens of seconds of compiling per new shape; training and prefill
         only). Both compute the same attention. A config saved with the former `"masked"` (SDPA over a full T x T
         band mask, now only a benchmark baseline) loads as `"banded"`, with a warning.
+    positional_attention_impl (`str`, *optional*, defaults to `"auto"`):
+        How positional heads compute the same attention. `"shared_weights"` forms the (heads, T, S) weights once for
+        the whole batch (they depend on positions only) and keeps them for the backward: fastest for large batches
+        of short sequences, as in Paper A. `"fused"` runs SDPA on P's queries and keys for every sample and never
+        forms T x S: less memory, faster for long sequences. `"auto"` picks by shape: shared weights while the batch
+        exceeds T / 128 and the weights stay under 2**24 elements, and for inference, where one evaluation's
+        weights serve the next batches. Attention weights (`output_attentions`) always come from shared weights.
 
     Example:
 
@@ -107,6 +114,7 @@ class HfAttnConfig(GPT2Config):
     numeric_inputs: bool = False
     numeric_token_id: int | None = None
     local_attention_impl: str = "banded"
+    positional_attention_impl: str = "auto"
 
     default_attend_to_self = False
 
@@ -197,7 +205,7 @@ class HfAttnConfig(GPT2Config):
             ("positional_encoding", POSITIONAL_ENCODINGS),
             ("block_style", BLOCK_STYLES),
             ("initialization", INITIALIZATIONS),
-            *kernel_choices,  # `local_attention_impl`
+            *kernel_choices,  # `local_attention_impl`, `positional_attention_impl`
         ):
             if getattr(self, field) not in allowed:
                 raise _choice_error(field, getattr(self, field), allowed)

@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING
 from .attention_hf_attn import (
     Visibility,
     compiled_local_attention,
+    fused_positional_attention,
     global_attention,
     local_attention,
     local_attention_with_weights,
     masked_attention_with_weights,
     positional_attention,
+    positional_attention_with_weights,
+    shared_weights_positional_attention,
 )
 
 if TYPE_CHECKING:
@@ -30,11 +33,12 @@ if TYPE_CHECKING:
 class HeadKind:
     """One kind of attention head.
 
-    Content kinds (`content=True`) take queries and keys from the hidden states through the layer's `c_attn`; their
-    kernels are `(q, k, v, visibility, key_mask, scale, dropout) -> (B, H, T, D)`. The positional kind takes its
-    weights from the positional encoding P through the layer's `p_attn`, the same for every input; its kernel is
-    `(weights, v, dropout) -> (B, H, T, D)`. Every kind takes its values from the hidden states. A layer has one
-    `p_attn` for all its heads that are not content heads, so `positional` is the only such kind.
+    Content kinds (`content=True`) take queries and keys from the hidden states through the layer's `c_attn`. The
+    positional kind takes them from the positional encoding P through the layer's `p_attn`, the same for every
+    input, so they come with a batch dimension of 1 unless padding shifts positions per sample. Every kind takes
+    its values from the hidden states, and every kernel is `(q, k, v, visibility, key_mask, scale, dropout) ->
+    (B, H, T, D)`. A layer has one `p_attn` for all its heads that are not content heads, so `positional` is the
+    only such kind.
     """
 
     name: str  # as written in `head_layout`
@@ -43,7 +47,7 @@ class HeadKind:
     cached: tuple[str, ...]  # what decoding keeps per token: "keys" and "values", or "values" only
     summary: str  # what its heads do, for model cards: "{visible}" becomes the keys a query sees
     kernel_field: str | None = None  # the config field choosing among `kernels`; None when there is one kernel
-    kernel_with_weights: Callable | None = None  # content kinds: also returns the (B, H, T, S) weights
+    kernel_with_weights: Callable | None = None  # also returns the (B|1, H, T, S) weights
     window_field: str | None = None  # the config field bounding how far a query sees, and how much is cached
     config_fields: tuple[str, ...] = ()  # the config fields that shape what this kind alone computes
 
@@ -100,7 +104,13 @@ LOCAL = HeadKind(
 POSITIONAL = HeadKind(
     name="positional",
     content=False,
-    kernels={"shared_weights": positional_attention},
+    kernels={
+        "auto": positional_attention,
+        "shared_weights": shared_weights_positional_attention,
+        "fused": fused_positional_attention,
+    },
+    kernel_field="positional_attention_impl",
+    kernel_with_weights=positional_attention_with_weights,
     cached=("values",),  # its weights come from positions, not from the keys of past tokens
     config_fields=("positional_encoding", "positional_encoding_dim", "positional_qk_dim"),
     summary="each query weighs {visible} by the fixed positional encoding P alone, with the same weights for "

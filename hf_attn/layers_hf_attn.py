@@ -12,7 +12,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.pytorch_utils import Conv1D
 
-from .attention_hf_attn import FIXED_ENCODINGS, apply_rotary, positional_weights, visibility_mask
+from .attention_hf_attn import FIXED_ENCODINGS, apply_positional_weights, apply_rotary
 from .cache_hf_attn import HeadKindCacheLayer
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
@@ -25,12 +25,13 @@ class AttentionInputs:
     """Computed once per forward by the trunk, read by every layer.
 
     `key_mask` (B, S) is None when nothing is padded; positions are (B|1, ...) so that without padding the
-    positional heads' weights are one tensor for the whole batch.
+    positional heads' queries and keys are one tensor for the whole batch.
     """
 
     key_mask: torch.Tensor | None
     num_keys: int  # past + current tokens
-    positional_rows: torch.Tensor | None  # (B|1, S, d_P): P at every key position
+    key_positions: torch.Tensor  # (B|1, S): the position of every key
+    positional_encoding: nn.Module | None  # P: position ids -> rows (..., d_P), when the model has positional heads
     rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
 
 
@@ -91,20 +92,62 @@ class InferenceWeights:
     def applies(inputs: AttentionInputs) -> bool:
         return not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and inputs.key_mask is None
 
-    @staticmethod
-    def sources(p_attn: nn.Module, inputs: AttentionInputs) -> list[torch.Tensor]:
-        return [inputs.positional_rows, *p_attn.parameters()]
+    def fits(self, heads: int, num_keys: int) -> bool:
+        return heads * num_keys * num_keys <= self.MAX_ELEMENTS
 
-    def get(self, p_attn: nn.Module, inputs: AttentionInputs) -> torch.Tensor | None:
-        if self.entry is None or not self.applies(inputs):
+    def get(self, p_attn: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
+        if self.entry is None:
             return None
         kept, weights = self.entry
-        fresh = all(map(_same_tensor, kept, self.sources(p_attn, inputs)))
+        fresh = all(map(_same_tensor, kept, [rows, *p_attn.parameters()]))
         return weights if fresh else None
 
-    def keep(self, p_attn: nn.Module, inputs: AttentionInputs, weights: torch.Tensor) -> None:
-        if self.applies(inputs) and weights.numel() <= self.MAX_ELEMENTS:
-            self.entry = ([t.detach().clone() for t in self.sources(p_attn, inputs)], weights)
+    def keep(self, p_attn: nn.Module, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        self.entry = ([t.detach().clone() for t in [rows, *p_attn.parameters()]], weights)
+
+
+class DecodingKeys:
+    """Positional heads' keys by position, kept from one decoding step to the next.
+
+    A whole sequence projects P at every position anyway. A decoding step would project all S rows again for its
+    one query: S x d_P x width per layer and token, more than the rest of the step at long context. The keys depend
+    on the position and `p_attn` alone, so they are kept here for the positions reached so far, once for every
+    sequence and batch; the cache keeps values only. Used when no gradient is recorded and not under torch.compile.
+    `p_attn` is compared by value, as in `InferenceWeights`; P's own tensors by storage and version counter, as
+    comparing the table by value every step would cost as much as the step's attention (an edit of P through
+    `.data` is not seen: P is fixed, or learned and changed by optimizers and loading, which move the counter).
+    """
+
+    def __init__(self, num_positions: int):
+        self.num_positions = num_positions
+        self.keys: torch.Tensor | None = None  # (positions so far, H, qk)
+        self.sources: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
+
+    @staticmethod
+    def applies() -> bool:
+        return not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+
+    @staticmethod
+    def identify(table: nn.Module) -> list[tuple[int, int]]:
+        return [(t.data_ptr(), t._version) for t in (*table.parameters(), *table.buffers())]
+
+    def get(self, p_attn: Projection, table: nn.Module, key_positions: torch.Tensor, heads: int) -> torch.Tensor:
+        """(B|1, H, S, qk): the keys at `key_positions`, projecting only positions not reached before."""
+        if self.sources is not None:
+            kept, identities = self.sources
+            if not (all(map(_same_tensor, kept, p_attn.parameters())) and identities == self.identify(table)):
+                self.keys = None
+        have = 0 if self.keys is None else self.keys.shape[0]
+        needed = min(key_positions.shape[-1], self.num_positions)  # positions count real tokens from 0
+        if needed > have:  # grow geometrically: one new position per step on average
+            end = min(self.num_positions, max(needed, 2 * have))
+            positions = torch.arange(have, end, device=p_attn.weight.device)
+            width = p_attn.nf // 2  # queries, then keys
+            new = torch.addmm(p_attn.bias[width:], table(positions), p_attn.weight[:, width:])
+            new = new.view(len(positions), heads, -1)
+            self.keys = new if self.keys is None else torch.cat([self.keys, new])
+            self.sources = ([t.detach().clone() for t in p_attn.parameters()], self.identify(table))
+        return self.keys[key_positions].transpose(1, 2)
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -170,6 +213,8 @@ class HfAttnAttention(nn.Module):
             query_key_width = 2 * self.num_positional_heads * config.positional_qk_dim
             self.p_attn = Projection(query_key_width, config.positional_encoding_dim, in_attention=True)
             self.inference_weights = InferenceWeights()
+            self.decoding_keys = DecodingKeys(config.n_positions)
+            self.positional_impl = config.positional_attention_impl
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
@@ -210,7 +255,7 @@ class HfAttnAttention(nn.Module):
                     kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
                 )
             else:
-                out, w = self.positional_heads(kind, values, length, inputs, cache_layer, dropout)
+                out, w = self.positional_heads(kind, values, length, inputs, cache_layer, dropout, output_attentions)
             outputs.append(out)
             weights.append(w)
         if cache_layer is not None:
@@ -242,31 +287,40 @@ class HfAttnAttention(nn.Module):
             return kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout)
         return self.kernels[kind.name](q, k, v, visibility, key_mask, self.scale, dropout), None
 
-    def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float):
-        """Weights from P alone: one (1, H_pos, T, S) tensor for the whole batch unless padding shifts positions."""
+    def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float,
+                         output_attentions: bool):  # fmt: skip
+        """Weights from P alone, by the route `positional_attention_impl` picks; in inference, weights that fit are
+        formed once for the batch and kept for the next batches of the same positions."""
         if cache_layer is not None:
             v = cache_layer.update(kind, values=v)["values"]
-        whole_sequence = length == inputs.num_keys  # not a decoding step
-        weights = self.inference_weights.get(self.p_attn, inputs) if whole_sequence else None
-        if weights is None:
-            weights = self.weights_from_positions(kind, length, inputs, v.device)
-            if whole_sequence:
-                self.inference_weights.keep(self.p_attn, inputs, weights)
-        weights = weights.to(v.dtype)
-        return self.kernels[kind.name](weights, v, dropout), weights
+        visibility, scale = self.visibility[kind.name], self.positional_qk_dim**-0.5
+        decoding = length < inputs.num_keys
+        if decoding and DecodingKeys.applies():
+            rows = inputs.positional_encoding(inputs.key_positions[:, -length:])  # the queries' rows only
+            pq = self.positional_projection(rows)[:, :, 0].transpose(1, 2)
+            pk = self.decoding_keys.get(self.p_attn, inputs.positional_encoding, inputs.key_positions, pq.shape[1])
+            return kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout)
+        rows = inputs.positional_encoding(inputs.key_positions)  # (B|1, S, d_P)
+        reusable = (
+            not decoding
+            and self.positional_impl != "fused"
+            and InferenceWeights.applies(inputs)
+            and self.inference_weights.fits(self.num_positional_heads, inputs.num_keys)
+        )
+        if reusable and (weights := self.inference_weights.get(self.p_attn, rows)) is not None:
+            return apply_positional_weights(weights, v), weights
+        projected = self.positional_projection(rows)
+        pq, pk = projected[:, -length:, 0].transpose(1, 2), projected[:, :, 1].transpose(1, 2)  # (B|1, H, T|S, qk)
+        if not (reusable or output_attentions):
+            return self.kernels[kind.name](pq, pk, v, visibility, inputs.key_mask, scale, dropout), None
+        out, weights = kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout)
+        if reusable:
+            self.inference_weights.keep(self.p_attn, rows, weights)
+        return out, weights
 
-    def weights_from_positions(
-        self, kind: HeadKind, length: int, inputs: AttentionInputs, device: torch.device
-    ) -> torch.Tensor:
-        rows = inputs.positional_rows  # (B|1, S, d_P)
-        num_keys = rows.shape[1]
-        projected = self.p_attn(rows).view(rows.shape[0], num_keys, 2, self.num_positional_heads, -1)
-        pq = projected[:, -length:, 0].transpose(1, 2)  # (B|1, H_pos, T, qk)
-        pk = projected[:, :, 1].transpose(1, 2)  # (B|1, H_pos, S, qk)
-        visibility = self.visibility[kind.name]
-        mask = visibility_mask(visibility, length, inputs.key_mask, num_keys, device)
-        every_row_sees_a_key = visibility.attend_to_self and inputs.key_mask is None
-        return positional_weights(pq, pk, mask, self.positional_qk_dim**-0.5, every_row_sees_a_key)
+    def positional_projection(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B|1, N, 2, H_pos, qk): P's queries and keys of every positional head at `rows` (B|1, N, d_P)."""
+        return self.p_attn(rows).view(*rows.shape[:2], 2, self.num_positional_heads, -1)
 
 
 # --- blocks ----------------------------------------------------------------------------------------------------

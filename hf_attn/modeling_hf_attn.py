@@ -265,8 +265,10 @@ class HfAttnModel(HfAttnPreTrainedModel):
         rotary = None
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.content_qk_dim, self.config.rope_theta)
-        rows = self.wpp(key_position_ids) if self.config.uses_positional_heads else None
-        return AttentionInputs(key_mask=key_mask, num_keys=num_keys, positional_rows=rows, rotary=rotary)
+        return AttentionInputs(
+            key_mask=key_mask, num_keys=num_keys, key_positions=key_position_ids,
+            positional_encoding=getattr(self, "wpp", None), rotary=rotary,
+        )  # fmt: skip
 
     def forward(
         self,

@@ -8,13 +8,15 @@ from naive import naive_attention
 
 from hf_attn.attention_hf_attn import (
     Visibility,
+    fused_positional_attention,
     global_attention,
     local_attention_by_chunks,
     local_attention_by_offsets,
     local_weights_as_matrix,
     positional_attention,
-    positional_weights,
-    visibility_mask,
+    positional_attention_with_weights,
+    shared_weights_pay_off,
+    shared_weights_positional_attention,
 )
 
 B, H, T, D = 2, 3, 13, 8  # T not a multiple of the chunk size, to exercise the ragged last chunk
@@ -134,15 +136,45 @@ def test_local_offsets_with_cached_keys(local_window, attend_to_self):
     )
 
 
+POSITIONAL_ROUTES = {
+    "shared_weights": shared_weights_positional_attention,
+    "fused": fused_positional_attention,
+    "auto": positional_attention,
+}
+
+
+@pytest.mark.parametrize("route", POSITIONAL_ROUTES)
+@pytest.mark.parametrize("per_sample", [False, True], ids=["shared_positions", "positions_per_sample"])
 @pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
-def test_positional_matches_reference(is_causal, attend_to_self, pad):
-    """Positional heads are content attention whose queries and keys are P Wq and P Wk, the same for every sample."""
+def test_positional_routes_match_reference(route, per_sample, is_causal, attend_to_self, pad):
+    """Positional heads are content attention whose queries and keys are P Wq and P Wk: one row for the batch, or
+    one per sample when left padding shifts positions. Outputs and gradients (summed over the batch into the shared
+    queries and keys) against the reference, for every route."""
+    key_mask = padding(pad)
+    rows = B if per_sample else 1
+    pq, pk = (torch.randn(rows, H, T, 5, requires_grad=True) for _ in range(2))
+    _, _, v = qkv()
+    visibility = Visibility(is_causal, attend_to_self)
+    out = POSITIONAL_ROUTES[route](pq, pk, v, visibility, key_mask, 5**-0.5)
+    pq64, pk64, v64 = (t.detach().double().requires_grad_() for t in (pq, pk, v))
+    expected, _ = naive_attention(
+        pq64.expand(B, -1, -1, -1), pk64.expand(B, -1, -1, -1), v64, is_causal, attend_to_self, key_mask=key_mask
+    )
+    torch.testing.assert_close(out.double(), expected.detach(), atol=1e-5, rtol=1e-5)
+    probe = torch.randn_like(expected)
+    grads = torch.autograd.grad((out.double() * probe).sum(), (pq, pk, v))
+    expected_grads = torch.autograd.grad((expected * probe).sum(), (pq64, pk64, v64))
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
+def test_positional_weights_match_reference(is_causal, attend_to_self, pad):
     key_mask = padding(pad)
     pq, pk = torch.randn(1, H, T, 5), torch.randn(1, H, T, 5)
     _, _, v = qkv()
-    mask = visibility_mask(Visibility(is_causal, attend_to_self), T, key_mask, T, v.device)
-    weights = positional_weights(pq, pk, mask, scale=5**-0.5)
-    out = positional_attention(weights, v)
+    visibility = Visibility(is_causal, attend_to_self)
+    out, weights = positional_attention_with_weights(pq, pk, v, visibility, key_mask, 5**-0.5)
     expected, expected_weights = naive_attention(
         pq.expand(B, -1, -1, -1), pk.expand(B, -1, -1, -1), v, is_causal, attend_to_self, key_mask=key_mask
     )
@@ -152,22 +184,40 @@ def test_positional_matches_reference(is_causal, attend_to_self, pad):
         assert weights.shape[0] == 1, "without padding the weights are one tensor for the whole batch"
 
 
-@pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True)])
-def test_positional_gradients_match_reference(is_causal, attend_to_self):
-    """Weights shared by the batch: their gradient (into P's queries and keys) is summed over every sample."""
-    pq, pk = (torch.randn(1, H, T, 5, requires_grad=True) for _ in range(2))
-    _, _, v = qkv()
-    mask = visibility_mask(Visibility(is_causal, attend_to_self), T, None, T, v.device)
-    out = positional_attention(positional_weights(pq, pk, mask, scale=5**-0.5), v)
-    pq64, pk64, v64 = (t.detach().double().requires_grad_() for t in (pq, pk, v))
-    expected, _ = naive_attention(
-        pq64.expand(B, -1, -1, -1), pk64.expand(B, -1, -1, -1), v64, is_causal, attend_to_self
-    )
-    probe = torch.randn_like(expected)
-    grads = torch.autograd.grad((out.double() * probe).sum(), (pq, pk, v))
-    expected_grads = torch.autograd.grad((expected * probe).sum(), (pq64, pk64, v64))
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)
+@pytest.mark.parametrize("route", POSITIONAL_ROUTES)
+def test_positional_routes_decode_against_the_cache(route):
+    """A few queries at the end of a longer run of keys (decoding with a cache), left padding included."""
+    key_mask = padding("padded", num_keys=T)
+    pq, pk = torch.randn(1, H, 2, 5), torch.randn(1, H, T, 5)
+    v = torch.randn(B, H, T, D)
+    out = POSITIONAL_ROUTES[route](pq, pk, v, Visibility(True, False), key_mask, 5**-0.5)
+    expected, _ = naive_attention(pq.expand(B, -1, -1, -1), pk.expand(B, -1, -1, -1), v, True, False, key_mask=key_mask)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["shared_weights", "fused"])
+def test_positional_dropout_keeps_the_expected_output(route):
+    """Dropout per sample: the mean over many draws is the output without dropout."""
+    pq, pk = torch.randn(1, 1, 6, 5), torch.randn(1, 1, 6, 5)
+    v = torch.randn(4000, 1, 6, D)
+    visibility = Visibility(True, True)
+    clean = POSITIONAL_ROUTES[route](pq, pk, v[:1], visibility, None, 5**-0.5)
+    dropped = POSITIONAL_ROUTES[route](pq, pk, v, visibility, None, 5**-0.5, dropout=0.3)
+    assert not torch.allclose(dropped[0], clean[0]), "dropout must change a sample's output"
+    samples = POSITIONAL_ROUTES[route](pq, pk, v[:1].expand(4000, -1, -1, -1), visibility, None, 5**-0.5, 0.3)
+    torch.testing.assert_close(samples.mean(0), clean[0], atol=0.08, rtol=0)
+
+
+def test_shared_weights_chosen_for_large_batches_of_short_sequences():
+    """The auto route's rule, as measured: Paper A's batch 1000 at T = 9 shares; one long sequence fuses."""
+
+    def prefers_shared(batch, length):
+        pq = torch.empty(1, 8, length, 1)
+        return shared_weights_pay_off(pq, torch.empty(1, 8, length, 1), torch.empty(batch, 8, length, 1))
+
+    assert prefers_shared(1000, 9) and prefers_shared(64, 64) and prefers_shared(8, 512)
+    assert not prefers_shared(1, 1024) and not prefers_shared(4, 1024) and not prefers_shared(1, 256)
+    assert not prefers_shared(64, 2048), "8 x 2048 x 2048 weights exceed the memory cap"
 
 
 @pytest.mark.parametrize("kernel", ["offsets", "chunks"])
@@ -188,13 +238,17 @@ def bf16_kernels():
         "offsets": lambda q, k, v, m: local_attention_by_offsets(q, k, v, strict_2_local, m, scale)[0],
         "chunks": lambda q, k, v, m: local_attention_by_chunks(q, k, v, strict_2_local, m, scale),
         "global": lambda q, k, v, m: global_attention(q, k, v, Visibility(True, False), m, scale),
-        "positional": lambda q, k, v, m: positional_attention(  # q, k stand in for P Wq, P Wk of sample 0
-            positional_weights(q[:1], k[:1], visibility_mask(Visibility(True, True), T, m, T, v.device), scale), v
+        # q, k of sample 0 stand in for P Wq, P Wk
+        "positional": lambda q, k, v, m: shared_weights_positional_attention(
+            q[:1], k[:1], v, Visibility(True, True), m, scale
+        ),
+        "positional fused": lambda q, k, v, m: fused_positional_attention(
+            q[:1], k[:1], v, Visibility(True, True), m, scale
         ),
     }
 
 
-@pytest.mark.parametrize("kernel", ["offsets", "chunks", "global", "positional"])
+@pytest.mark.parametrize("kernel", ["offsets", "chunks", "global", "positional", "positional fused"])
 @pytest.mark.parametrize("pad", ["none", "padded"])
 def test_bf16_close_to_fp32(kernel, pad):
     """bf16 outputs and gradients within bf16's precision of the same kernel in fp32."""

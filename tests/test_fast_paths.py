@@ -116,15 +116,15 @@ def test_bf16_autocast_close_to_fp32(model_type):
 
 @pytest.fixture
 def weight_computations(monkeypatch):
-    """Counts how often positional heads compute their weights."""
+    """Counts how often positional heads project P (to form their weights or run the fused route)."""
     calls = []
-    compute = HfAttnAttention.weights_from_positions
+    compute = HfAttnAttention.positional_projection
 
     def counted(self, *args, **kwargs):
         calls.append(self.layer_idx)
         return compute(self, *args, **kwargs)
 
-    monkeypatch.setattr(HfAttnAttention, "weights_from_positions", counted)
+    monkeypatch.setattr(HfAttnAttention, "positional_projection", counted)
     return calls
 
 

@@ -159,3 +159,41 @@ def test_a_foreign_cache_is_refused():
 
     with pytest.raises(ValueError, match="HeadKindCache"):
         generation_model("hybrid_gpt2")(torch.tensor([[4, 5]]), cache=DynamicCache())
+
+
+def positional_decoder(**overrides):
+    return generation_model("positional_gpt2", positional_encoding="learned", positional_encoding_dim=16, **overrides)
+
+
+def test_decoding_projects_only_the_new_positions():
+    """A decoding step projects P at its query's position only; the keys of earlier positions are kept in the layer,
+    not in the cache, which holds values only."""
+    model = positional_decoder()
+    projected_rows = []
+    model.transformer.h[0].attn.p_attn.register_forward_hook(lambda m, i, o: projected_rows.append(i[0].shape[-2]))
+    _, input_ids, attention_mask = left_padded_prompts()
+    model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+    assert projected_rows == [input_ids.shape[1]] + [1] * 11
+    kept = model.transformer.h[0].attn.decoding_keys.keys
+    assert input_ids.shape[1] + 11 <= kept.shape[0] <= 2 * (input_ids.shape[1] + 11)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda model: model.transformer.h[0].attn.p_attn.weight.add_(0.5),  # as an optimizer does
+        lambda model: model.transformer.h[0].attn.p_attn.weight.data.add_(0.5),  # the version counter does not move
+        lambda model: model.transformer.wpp.weight.mul_(-1),  # learned P, changed in place
+        lambda model: model.load_state_dict(positional_decoder().state_dict()),  # another model's weights
+    ],
+    ids=["p_attn_in_place", "p_attn_through_data", "learned_p_in_place", "load_state_dict"],
+)
+def test_kept_decoding_keys_follow_parameter_changes(edit):
+    model = positional_decoder()
+    _, input_ids, attention_mask = left_padded_prompts()
+    generate = dict(attention_mask=attention_mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    model.generate(input_ids, **generate)  # keeps the keys of the positions reached
+    with torch.no_grad():
+        edit(model)
+    expected = greedy_by_recomputing(model, input_ids, attention_mask, 10)
+    assert torch.equal(model.generate(input_ids, **generate), expected)

@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM
 import hf_attn.hub
 from benchmarks.common import masked_local_attention
 from hf_attn import attention_hf_attn
-from hf_attn.attention_hf_attn import positional_weights, visibility_mask
 from hf_attn.head_kinds_hf_attn import HEAD_KINDS
 
 # Each kind as the papers define it, written independently of the table: the config field bounding what a query sees
@@ -58,18 +57,15 @@ def test_each_kinds_kernels_match_the_naive_reference(name, is_causal, attend_to
     for config in kernel_configs(name, is_causal=is_causal, attend_to_self=attend_to_self, local_window=2):
         window = getattr(config, SPEC[name]["window"]) if SPEC[name]["window"] else None
         visibility = kind.visibility(config)
-        if kind.content:
-            expected, expected_weights = naive_attention(q, k, v, is_causal, attend_to_self, window, key_mask)
-            assert_close_to(kind.kernel(config)(q, k, v, visibility, key_mask, dim**-0.5), expected)
-            out, weights = kind.kernel_with_weights(q, k, v, visibility, key_mask, dim**-0.5)
-            assert_close_to(out, expected)
-            assert_close_to(weights, expected_weights)
-        else:  # weights from P's projections (here q and k of sample 0), shared by the batch
-            pq, pk = q[:1], k[:1]
-            expected = naive_attention(pq.expand_as(q), pk.expand_as(k), v, is_causal, attend_to_self, window, key_mask)
-            mask = visibility_mask(visibility, length, key_mask, length, q.device)
-            out = kind.kernel(config)(positional_weights(pq, pk, mask, dim**-0.5), v)
-            assert_close_to(out, expected[0])
+        if not kind.content:  # queries and keys from P's projections (here those of sample 0), shared by the batch
+            q, k = q[:1], k[:1]
+        expected, expected_weights = naive_attention(
+            q.expand_as(v), k.expand_as(v), v, is_causal, attend_to_self, window, key_mask
+        )
+        assert_close_to(kind.kernel(config)(q, k, v, visibility, key_mask, dim**-0.5), expected)
+        out, weights = kind.kernel_with_weights(q, k, v, visibility, key_mask, dim**-0.5)
+        assert_close_to(out, expected)
+        assert_close_to(weights.expand_as(expected_weights), expected_weights)
 
 
 @pytest.mark.parametrize("name", SPEC)
@@ -88,14 +84,12 @@ def test_the_layer_runs_each_kinds_heads_through_its_table_entry(name, monkeypat
     monkeypatch.setitem(HEAD_KINDS, name, dataclasses.replace(kind, kernels=spied))
     layout = ["local", name, "positional", "global"]
     config = tiny_config("hybrid_gpt2", head_layout=[layout, layout])
-    with torch.no_grad():
-        AutoModelForCausalLM.from_config(config).eval()(torch.randint(3, 37, (2, 7)))
+    # gradients recorded: positional heads' inference shortcut (weights kept for the next batch) is off
+    AutoModelForCausalLM.from_config(config).eval()(torch.randint(3, 37, (2, 7)))
     assert len(calls) == config.n_layer  # one call per layer, for all of the kind's heads
-    for args in calls:
-        values = args[2] if kind.content else args[1]  # (q, k, v, visibility, ...) or (weights, v, ...)
-        assert values.shape[1] == layout.count(name)
-        if kind.content:
-            assert args[3] == kind.visibility(config)
+    for q, k, v, visibility, *_ in calls:
+        assert q.shape[1] == k.shape[1] == v.shape[1] == layout.count(name)
+        assert visibility == kind.visibility(config)
 
 
 @pytest.mark.parametrize("name", SPEC)
