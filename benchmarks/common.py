@@ -11,9 +11,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 import hf_attn  # noqa: F401  (registers the model types)
@@ -64,8 +66,8 @@ EAGER_MODELS = [name for name in MODELS if not name.endswith(COMPILED_KERNEL)]
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
-def build_model(name: str, shape: Shape, device: str = "cpu") -> PreTrainedModel:
-    """One of `MODELS` at `shape`, in fp32 on `device`."""
+def build_model(name: str, shape: Shape, device: str = "cpu", **config_fields) -> PreTrainedModel:
+    """One of `MODELS` at `shape`, in fp32 on `device`; `config_fields` override hf_attn models' config."""
     if name not in MODELS:
         raise ValueError(f"model {name!r} must be one of {list(MODELS)}")
     fields = dict(
@@ -78,12 +80,34 @@ def build_model(name: str, shape: Shape, device: str = "cpu") -> PreTrainedModel
         extra = dict(MODELS[name])
         if extra["model_type"] == "positional_gpt2":
             extra.update(positional_encoding_dim=shape.n_embd, positional_qk_dim=shape.n_embd // shape.n_head)
+        extra.update(config_fields)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**extra, **fields))
     if name.endswith(MASKED):
         for attention in model.modules():
             if isinstance(attention, HfAttnAttention) and "local" in attention.kernels:
                 attention.kernels["local"] = masked_local_attention
     return model.to(device)
+
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+# SDPA's backends, to force one (e.g. flash or memory-efficient on a GPU); "default" lets SDPA choose.
+SDPA_BACKENDS = {
+    "default": None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def precision(device: str, dtype: str, sdpa_backend: str = "default") -> ExitStack:
+    """bf16 autocast (fp32 weights) when `dtype` says so, and SDPA held to one backend when one is named."""
+    stack = ExitStack()
+    if AUTOCAST_DTYPES[dtype] is not None:
+        stack.enter_context(torch.autocast(device.split(":")[0], dtype=AUTOCAST_DTYPES[dtype]))
+    if SDPA_BACKENDS[sdpa_backend] is not None:
+        stack.enter_context(sdpa_kernel(SDPA_BACKENDS[sdpa_backend]))
+    return stack
 
 
 def synchronize(device: str) -> None:

@@ -27,7 +27,7 @@ from types import ModuleType
 
 import torch
 
-from benchmarks import attention_layer, generation, throughput
+from benchmarks import attention_layer, generation, positional_routes, throughput
 from benchmarks.common import describe_machine
 
 
@@ -57,13 +57,14 @@ class Sizes:
     new_tokens: int
     memory: str  # whether throughput measures peak memory
     compile_backend: str
+    efficient_backend: str  # SDPA's memory-efficient kernel; CPU has none, so the tiny run takes the math one
 
 
 GPU = Sizes(
     device="cuda", layer="--batch 4 --heads 12 --head-dim 64 --lengths 4096 16384 --repeats 10",
     model="--n-layer 12 --n-embd 768 --n-head 12 --vocab-size 50257",  # GPT-2 small
     tokens_per_step=32768, train_lengths=(1024, 4096), contexts="512 1024 2048 4096 8192", long_lengths=(16384, 32768),
-    new_tokens=32, memory="--memory", compile_backend="inductor",
+    new_tokens=32, memory="--memory", compile_backend="inductor", efficient_backend="efficient",
 )  # fmt: skip
 TINY = Sizes(
     device="cpu", layer="--batch 1 --heads 2 --head-dim 16 --lengths 64 --repeats 1",
@@ -71,6 +72,7 @@ TINY = Sizes(
     tokens_per_step=128, train_lengths=(32, 64), contexts="16 32", long_lengths=(64, 128), new_tokens=3,
     memory="--no-memory",  # on CPU each figure takes a fresh process, and means nothing at this size
     compile_backend="eager",  # Dynamo traces, no code is generated: an inductor build of a model takes minutes
+    efficient_backend="math",
 )  # fmt: skip
 TRAIN_MODELS = "gpt2 positional local-1 local-4 hybrid-1 'local-1 masked'"
 COMPILED_KERNEL_MODELS = "'local-1 compiled kernel' 'hybrid-1 compiled kernel'"
@@ -82,23 +84,28 @@ def plan(s: Sizes) -> list[Step]:
     layer = f"--device {s.device} {s.layer} --windows 1 4 64 --check --compile-backend {s.compile_backend} --dtypes"
     models = f"--device {s.device} {s.model} --dtype bf16 --layer-lengths --compile-backend {s.compile_backend}"
     train = f"{models} --tokens-per-step {s.tokens_per_step} --repeats 5 {s.memory} --models {TRAIN_MODELS}"
-    peak = f"{models} --repeats 1 {s.memory} --models gpt2 local-1 'local-1 masked' --lengths"  # batch 1: T tokens
-    compiled = f"{models} --tokens-per-step {s.tokens_per_step} --repeats 5 --no-memory --lengths {long}"
+    peak = f"{models} --repeats 1 {s.memory} --models gpt2 positional local-1 'local-1 masked' --lengths"  # batch 1
+    long_train = f"{models} --tokens-per-step {s.tokens_per_step} --repeats 5 --no-memory --lengths {long}"
+    positional = f"{long_train} --models positional --sdpa-backend"
+    routes = f"--device {s.device} --dtype bf16 --tokens-per-step {s.tokens_per_step} --lengths {short} {long}"
     decode = f"--device {s.device} {s.model} --new-tokens {s.new_tokens} --contexts"
     return [
         Step("kernel-bf16", attention_layer, f"{layer} bf16 --kernels masked banded global", 30),
         Step("kernel-fp32", attention_layer, f"{layer} fp32 --kernels masked banded global", 40),
         Step("train-short", throughput, f"{train} --lengths {short}", 30),
         Step("train-long", throughput, f"{train} --lengths {long}", 30),
-        Step("decode", generation, f"{decode} {s.contexts} --models local-1 hybrid-1 gpt2", 20),
-        Step("decode-long", generation, f"{decode} {longer} {longest} --models local-1 gpt2", 15),
+        Step("positional-routes", positional_routes, routes, 25),
+        Step("positional-flash", throughput, f"{positional} flash", 15),
+        Step("positional-efficient", throughput, f"{positional} {s.efficient_backend}", 15),
+        Step("decode", generation, f"{decode} {s.contexts} --models local-1 hybrid-1 positional gpt2", 25),
+        Step("decode-long", generation, f"{decode} {longer} {longest} --models local-1 positional gpt2", 20),
         Step("memory-long", throughput, f"{peak} {longer} --tokens-per-step {longer}", 15),
         Step("memory-longest", throughput, f"{peak} {longest} --tokens-per-step {longest}", 15),
         Step("compiled-kernel-bf16", attention_layer, f"{layer} bf16 --kernels banded compiled flex", 90),
         Step("compiled-kernel-fp32", attention_layer, f"{layer} fp32 --kernels banded compiled flex", 90),
-        Step("compiled-kernel-train", throughput, f"{compiled} --models {COMPILED_KERNEL_MODELS}", 45),
-        Step("compiled-local-1-train", throughput, f"{compiled} --compile --models local-1", 150),
-        Step("compiled-hybrid-1-train", throughput, f"{compiled} --compile --models hybrid-1", 150),
+        Step("compiled-kernel-train", throughput, f"{long_train} --models {COMPILED_KERNEL_MODELS}", 45),
+        Step("compiled-local-1-train", throughput, f"{long_train} --compile --models local-1", 150),
+        Step("compiled-hybrid-1-train", throughput, f"{long_train} --compile --models hybrid-1", 150),
     ]
 
 

@@ -14,6 +14,7 @@ would not fit.
     python -m benchmarks.throughput --vocab-size 50257                # with GPT-2's output layer
     python -m benchmarks.throughput --lengths 1024 --repeats 3 --models gpt2 local-1
     python -m benchmarks.throughput --device cuda --dtype bf16        # on a GPU, bf16 autocast
+    python -m benchmarks.throughput --device cuda --dtype bf16 --sdpa-backend flash --models positional
     python -m benchmarks.throughput --compile --no-memory --models local-1 --lengths 4096   # compiled whole
 """
 
@@ -22,14 +23,15 @@ import gc
 import json
 import subprocess
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import (
+    AUTOCAST_DTYPES,
     EAGER_MODELS,
     MODELS,
+    SDPA_BACKENDS,
     Shape,
     attempt,
     build_model,
@@ -37,6 +39,7 @@ from benchmarks.common import (
     masked_local_attention,
     median,
     peak_rss_bytes,
+    precision,
     print_header,
     print_row,
     rss_bytes,
@@ -44,15 +47,8 @@ from benchmarks.common import (
 )
 from hf_attn.attention_hf_attn import Visibility, local_attention
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 MIB = 2**20
 ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks.throughput` finds the package
-
-
-def autocast(device: str, dtype: str):
-    if DTYPES[dtype] is None:
-        return nullcontext()
-    return torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])
 
 
 class Trainee:
@@ -65,10 +61,10 @@ class Trainee:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         generator = torch.Generator().manual_seed(args.seed)
         self.input_ids = torch.randint(shape.vocab_size, (batch, length), generator=generator).to(args.device)
-        self.device, self.dtype = args.device, args.dtype
+        self.precision = lambda: precision(args.device, args.dtype, args.sdpa_backend)
 
     def step(self) -> None:
-        with autocast(self.device, self.dtype):
+        with self.precision():  # the backward runs the kernels the forward chose
             loss = self.model(input_ids=self.input_ids, labels=self.input_ids).loss
         loss.backward()
         self.optimizer.step()
@@ -183,7 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="256 (byte-level): the layers, not the output layer all models share, dominate a step; "
                         f"{Shape.vocab_size} for GPT-2's vocabulary")  # fmt: skip
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="bf16: autocast, fp32 weights")
+    parser.add_argument("--dtype", default="fp32", choices=list(AUTOCAST_DTYPES), help="bf16: autocast, fp32 weights")
+    parser.add_argument("--sdpa-backend", default="default", choices=list(SDPA_BACKENDS),
+                        help="hold every model's SDPA calls to one backend (GPU: flash, efficient, cudnn)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the hf_attn models whole")
     parser.add_argument("--compile-backend", default="inductor", help="for --compile; 'eager' traces only")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
@@ -210,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     names = ["gpt2"] + [name for name in args.models if name != "gpt2"]
     print(f"> {describe_machine(args.device)}")
-    print(f"> {shape}, dropout 0, {args.dtype}{', compiled' if args.compile else ''}")
+    backend = "" if args.sdpa_backend == "default" else f", SDPA held to {args.sdpa_backend}"
+    print(f"> {shape}, dropout 0, {args.dtype}{backend}{', compiled' if args.compile else ''}")
     print(f"> training step (forward + backward + AdamW) on {args.tokens_per_step} tokens, median of {args.repeats}")
     print_speed_and_memory(names, shape, args)
     if args.layer_lengths:

@@ -13,6 +13,9 @@ from transformers import Cache
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind
 
+# Room added when a buffer of every past token fills up: an eighth of its tokens, at least this many.
+MIN_GROWTH = 16
+
 
 def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     """`new` appended to `past`, in storage of its own: `new` is a view into the layer's whole projection, which
@@ -20,9 +23,27 @@ def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     return new.contiguous().clone() if past is None else torch.cat([past, new], dim=-2)
 
 
+def _append(buffer: torch.Tensor | None, used: int, new: torch.Tensor) -> torch.Tensor:
+    """`new` written after the first `used` tokens of `buffer`, growing it geometrically when full; returns the
+    buffer. Appending in place keeps a decoding step from copying every past token, as `torch.cat` does."""
+    needed = used + new.shape[-2]
+    if buffer is None or buffer.shape[-2] < needed:
+        grown = new.new_empty(*new.shape[:-2], needed + max(MIN_GROWTH, needed // 8), new.shape[-1])
+        if buffer is not None:
+            grown[..., :used, :] = buffer[..., :used, :]
+        buffer = grown
+    buffer[..., used:needed, :] = new
+    return buffer
+
+
 class HeadKindCacheLayer:
     """One layer's cache: per head kind present, the tensors its `cached` names, (B, H_kind, tokens, D), holding the
-    last `kind.window(config)` tokens (all of them when the kind has no window)."""
+    last `kind.window(config)` tokens (all of them when the kind has no window).
+
+    A kind without a window keeps every token in a buffer with room to grow (see `_append`), so its tensors are
+    views of the first `seen_tokens` tokens. While gradients are recorded, tokens are concatenated instead: an
+    in-place write would invalidate the earlier steps' graphs.
+    """
 
     is_compileable = False
     is_croppable = False  # dropped local keys cannot be restored
@@ -38,18 +59,30 @@ class HeadKindCacheLayer:
         return self.seen_tokens > 0
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every kept tensor by `<kind>_<what>`, e.g. `local_keys`."""
-        return {f"{kind}_{what}": tensor for kind, kept in self.kept.items() for what, tensor in kept.items()}
+        """Every kept tensor by `<kind>_<what>`, e.g. `local_keys`, without the room left to grow."""
+        return {
+            f"{kind}_{what}": tensor[..., : self.seen_tokens, :]
+            for kind, kept in self.kept.items()
+            for what, tensor in kept.items()
+        }
 
     def update(self, kind: HeadKind, **new: torch.Tensor) -> dict[str, torch.Tensor]:
         """Returns the kept past plus the new tokens of what `kind` caches (`keys=`, `values=`); keeps the last
         `kind.window(config)` tokens of them."""
         past = self.kept.get(kind.name, {})
-        full = {what: _cat(past.get(what), new[what]) for what in kind.cached}
         window = kind.window(self.config)
-        # a view would keep every token alive
-        self.kept[kind.name] = full if window is None else {what: t[:, :, -window:].clone() for what, t in full.items()}
-        return full
+        if window is not None:
+            full = {what: _cat(past.get(what), new[what]) for what in kind.cached}
+            # a view would keep every token alive
+            self.kept[kind.name] = {what: t[:, :, -window:].clone() for what, t in full.items()}
+            return full
+        if torch.is_grad_enabled():
+            used = {what: past[what][..., : self.seen_tokens, :] for what in past}
+            self.kept[kind.name] = {what: _cat(used.get(what), new[what]) for what in kind.cached}
+        else:
+            self.kept[kind.name] = {what: _append(past.get(what), self.seen_tokens, new[what]) for what in kind.cached}
+        end = self.seen_tokens + next(iter(new.values())).shape[-2]
+        return {what: t[..., :end, :] for what, t in self.kept[kind.name].items()}
 
     def apply(self, fn) -> None:
         self.kept = {kind: {what: fn(t) for what, t in kept.items()} for kind, kept in self.kept.items()}
@@ -74,8 +107,8 @@ class HeadKindCache(Cache):
         return self.layers[layer_idx].get_seq_length()
 
     def memory_bytes(self) -> int:
-        """Bytes held by every cached tensor, for benchmarks and tests of the cache's growth."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors().values())
+        """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's growth."""
+        return sum(t.untyped_storage().nbytes() for layer in self.layers for t in layer.tensors().values())
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         for layer in self.layers:

@@ -4,6 +4,7 @@ GPT-2's parameter names (`attn.c_attn`, `attn.c_proj`, `ln_1`, `ln_2`, `mlp.c_fc
 state dict loads into a global-only layout.
 """
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ class AttentionInputs:
     key_mask: torch.Tensor | None
     num_keys: int  # past + current tokens
     key_positions: torch.Tensor  # (B|1, S): the position of every key
+    keys_in_order: bool  # key j sits at position j for every sample: per-position tables are sliced, not gathered
     positional_encoding: nn.Module | None  # P: position ids -> rows (..., d_P), when the model has positional heads
     rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
 
@@ -113,15 +115,16 @@ class DecodingKeys:
     one query: S x d_P x width per layer and token, more than the rest of the step at long context. The keys depend
     on the position and `p_attn` alone, so they are kept here for the positions reached so far, once for every
     sequence and batch; the cache keeps values only. Used when no gradient is recorded and not under torch.compile.
-    `p_attn` is compared by value, as in `InferenceWeights`; P's own tensors by storage and version counter, as
-    comparing the table by value every step would cost as much as the step's attention (an edit of P through
-    `.data` is not seen: P is fixed, or learned and changed by optimizers and loading, which move the counter).
+    Checked against `p_attn` and P (by value, as in `InferenceWeights`; by storage and version counter for P, whose
+    table can be as large as the cache) when a decoding cache is first seen: within one cache the weights are fixed,
+    as every cached value already assumes.
     """
 
     def __init__(self, num_positions: int):
         self.num_positions = num_positions
-        self.keys: torch.Tensor | None = None  # (positions so far, H, qk)
+        self.keys: torch.Tensor | None = None  # (H, positions so far, qk)
         self.sources: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
+        self.checked_for = None  # a weak reference to the cache layer last checked against
 
     @staticmethod
     def applies() -> bool:
@@ -131,23 +134,27 @@ class DecodingKeys:
     def identify(table: nn.Module) -> list[tuple[int, int]]:
         return [(t.data_ptr(), t._version) for t in (*table.parameters(), *table.buffers())]
 
-    def get(self, p_attn: Projection, table: nn.Module, key_positions: torch.Tensor, heads: int) -> torch.Tensor:
-        """(B|1, H, S, qk): the keys at `key_positions`, projecting only positions not reached before."""
-        if self.sources is not None:
-            kept, identities = self.sources
+    def get(self, p_attn: Projection, inputs: AttentionInputs, cache_layer, heads: int) -> torch.Tensor:
+        """(B|1, H, S, qk): the keys at `inputs.key_positions`, projecting only positions not reached before."""
+        table = inputs.positional_encoding
+        if self.checked_for is None or self.checked_for() is not cache_layer:
+            kept, identities = self.sources or ([], [])
             if not (all(map(_same_tensor, kept, p_attn.parameters())) and identities == self.identify(table)):
                 self.keys = None
-        have = 0 if self.keys is None else self.keys.shape[0]
-        needed = min(key_positions.shape[-1], self.num_positions)  # positions count real tokens from 0
+            self.checked_for = weakref.ref(cache_layer)
+        have = 0 if self.keys is None else self.keys.shape[1]
+        needed = min(inputs.num_keys, self.num_positions)  # positions count real tokens from 0
         if needed > have:  # grow geometrically: one new position per step on average
             end = min(self.num_positions, max(needed, 2 * have))
             positions = torch.arange(have, end, device=p_attn.weight.device)
             width = p_attn.nf // 2  # queries, then keys
             new = torch.addmm(p_attn.bias[width:], table(positions), p_attn.weight[:, width:])
-            new = new.view(len(positions), heads, -1)
-            self.keys = new if self.keys is None else torch.cat([self.keys, new])
+            new = new.view(len(positions), heads, -1).transpose(0, 1)
+            self.keys = (new if self.keys is None else torch.cat([self.keys, new], dim=1)).contiguous()
             self.sources = ([t.detach().clone() for t in p_attn.parameters()], self.identify(table))
-        return self.keys[key_positions].transpose(1, 2)
+        if inputs.keys_in_order:
+            return self.keys[None, :, : inputs.num_keys]  # a view
+        return self.keys[:, inputs.key_positions].transpose(0, 1)
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -298,7 +305,7 @@ class HfAttnAttention(nn.Module):
         if decoding and DecodingKeys.applies():
             rows = inputs.positional_encoding(inputs.key_positions[:, -length:])  # the queries' rows only
             pq = self.positional_projection(rows)[:, :, 0].transpose(1, 2)
-            pk = self.decoding_keys.get(self.p_attn, inputs.positional_encoding, inputs.key_positions, pq.shape[1])
+            pk = self.decoding_keys.get(self.p_attn, inputs, cache_layer, pq.shape[1])
             return kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout)
         rows = inputs.positional_encoding(inputs.key_positions)  # (B|1, S, d_P)
         reusable = (

@@ -234,17 +234,19 @@ class HfAttnModel(HfAttnPreTrainedModel):
         numbers = self.wne(values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
         return numbers if embeds is None else torch.where(numeric_positions[..., None], numbers, embeds)
 
-    def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> torch.Tensor:
-        """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding.
+    def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> tuple[torch.Tensor, bool]:
+        """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding; and
+        whether key j simply sits at position j.
 
         One row for the whole batch unless some row is left-padded: then positional heads' weights stay one
         tensor for the batch (right padding, the usual training case, only masks keys).
         """
         shared = torch.arange(past_length + length, device=device)[None]
         if attention_mask is None:
-            return shared
+            return shared, True
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        return shared if bool(((positions == shared) | (attention_mask == 0)).all()) else positions
+        in_order = bool(((positions == shared) | (attention_mask == 0)).all())
+        return (shared, True) if in_order else (positions, False)
 
     def check_positions(self, position_ids: torch.Tensor) -> None:
         config = self.config
@@ -257,7 +259,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 + "). Use shorter sequences or a config with a larger `n_positions`."
             )
 
-    def attention_inputs(self, attention_mask, position_ids, key_position_ids) -> AttentionInputs:
+    def attention_inputs(self, attention_mask, position_ids, key_position_ids, keys_in_order=False) -> AttentionInputs:
         num_keys = key_position_ids.shape[-1]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -266,7 +268,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.content_qk_dim, self.config.rope_theta)
         return AttentionInputs(
-            key_mask=key_mask, num_keys=num_keys, key_positions=key_position_ids,
+            key_mask=key_mask, num_keys=num_keys, key_positions=key_position_ids, keys_in_order=keys_in_order,
             positional_encoding=getattr(self, "wpp", None), rotary=rotary,
         )  # fmt: skip
 
@@ -317,11 +319,12 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_positions)
 
-        key_position_ids = self.position_ids_from(attention_mask, past_length, length, inputs_embeds.device)
+        device = inputs_embeds.device
+        key_position_ids, keys_in_order = self.position_ids_from(attention_mask, past_length, length, device)
         if position_ids is None:
             position_ids = key_position_ids[:, -length:]
         elif past_length == 0:
-            key_position_ids = position_ids
+            key_position_ids, keys_in_order = position_ids, False
         position_ids = position_ids.view(-1, length)
         self.check_positions(key_position_ids)
 
@@ -329,7 +332,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         if hasattr(self, "wpe"):
             hidden_states = hidden_states + self.wpe(position_ids).to(hidden_states.dtype)
         hidden_states = self.drop(hidden_states)
-        inputs = self.attention_inputs(attention_mask, position_ids, key_position_ids)
+        inputs = self.attention_inputs(attention_mask, position_ids, key_position_ids, keys_in_order)
 
         all_hidden_states, all_attentions = [], []
         for layer_idx, block in enumerate(self.h):

@@ -17,7 +17,7 @@ from hf_attn.attention_hf_attn import Visibility, local_attention
 from hf_attn.layers_hf_attn import HfAttnAttention
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("local-1", "local-4", "hybrid-1", "gpt2")
+MODELS = ("local-1", "local-4", "hybrid-1", "positional", "gpt2")
 CONTEXTS = (16, 32)
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--vocab-size", "100"]
 
@@ -120,10 +120,26 @@ def test_generation_benchmark_runs_and_caches_grow_as_expected():
     assert cache_mib["local-4", 16] == pytest.approx(4 * cache_mib["local-1", 16], rel=1e-3)  # the last k tokens
     assert cache_mib["gpt2", 32] > cache_mib["gpt2", 16]
     assert cache_mib["hybrid-1", 32] > cache_mib["hybrid-1", 16]
+    assert cache_mib["positional", 32] > cache_mib["positional", 16]  # values of every token, no keys
     for cells in rows.values():
         assert float(cells[2]) > 0  # ms/token
     assert "local-1: ms/token 32/16" in result.stdout
+    assert "positional: ms/token 32/16" in result.stdout and "(values only, " in result.stdout
     assert "gpt2: cache 32/16" in result.stdout
+
+
+def test_positional_routes_benchmark_times_every_route_and_names_auto_s_choice():
+    result = run_benchmark(
+        "positional_routes", "--paper-a-batches", "300", "--lengths", "256", "--tokens-per-step", "256", "--repeats", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {cells[0]: cells for cells in table_rows(result.stdout, width=9)}
+    assert set(rows) == {"Paper A", "language model"}, result.stdout
+    assert rows["Paper A"][1:3] == ["300", "8"] and rows["language model"][1:3] == ["1", "256"]
+    # the rule, as measured: batch 300 > 8 / 128 shares the weights; batch 1 < 256 / 128 fuses
+    assert rows["Paper A"][7] == "shared_weights" and rows["language model"][7] == "fused"
+    for cells in rows.values():
+        assert all(float(ms) > 0 for ms in cells[3:6]) and cells[6].endswith("x")
 
 
 def test_unknown_model_is_refused_with_the_choices():

@@ -36,8 +36,8 @@ def test_attention_compiles_into_one_graph(layout, local_window, padded):
     mask = torch.ones(2, length, dtype=torch.long)
     if padded:
         mask[0, :5] = 0
-    positions = trunk.position_ids_from(mask, 0, length, "cpu")
-    inputs = trunk.attention_inputs(mask, positions[:, -length:], positions)
+    positions, in_order = trunk.position_ids_from(mask, 0, length, "cpu")
+    inputs = trunk.attention_inputs(mask, positions[:, -length:], positions, in_order)
     hidden = torch.randn(2, length, 32, requires_grad=True)
     torch._dynamo.reset()  # each case is a new module: without a reset they pile up to the recompile limit
     compiled = torch.compile(trunk.h[0].attn, backend="eager", fullgraph=True)  # raises on any graph break

@@ -5,6 +5,8 @@ import torch
 from conftest import MODEL_TYPES, tiny_config
 from transformers import AutoModelForCausalLM
 
+from hf_attn.cache_hf_attn import MIN_GROWTH
+
 PAD = 2
 
 
@@ -90,7 +92,8 @@ def test_cache_keeps_per_kind_what_the_kind_needs():
 
 
 def test_cached_tensors_hold_only_their_own_tokens():
-    """No cached tensor may be a view that keeps the whole prefill's projection (or a longer concat) alive."""
+    """No cached tensor may be a view that keeps the whole prefill's projection (or a longer concat) alive: local
+    keys and values hold their window exactly, the others their tokens plus the room to grow by."""
     layout = ["global", "local", "positional", "positional"]
     model = generation_model("hybrid_gpt2", head_layout=[layout, layout], local_window=2)
     cache = cache_after(model, 60)
@@ -98,9 +101,33 @@ def test_cached_tensors_hold_only_their_own_tokens():
         cache = model(torch.randint(3, 37, (2, 1)), cache=cache, use_cache=True).cache
     for layer in cache.layers:
         for name, tensor in layer.tensors().items():
-            assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size(), name
+            held_tokens = tensor.untyped_storage().nbytes() // (tensor.numel() // tensor.shape[-2] * 4)
+            assert held_tokens == 2 if name.startswith("local") else 61 <= held_tokens <= 61 + MIN_GROWTH, name
+            assert tensor.shape[-2] == (2 if name.startswith("local") else 61), name
     held = sum(t.untyped_storage().nbytes() for layer in cache.layers for t in layer.tensors().values())
     assert cache.memory_bytes() == held
+
+
+def test_decoding_appends_to_the_cache_without_copying_its_past():
+    """Every past token is kept in a buffer that grows geometrically: a decoding step writes one token in place."""
+    model = generation_model("positional_gpt2")
+    cache = cache_after(model, 20)
+    buffers = {t.data_ptr() for layer in cache.layers for t in layer.tensors().values()}
+    with torch.no_grad():
+        for _ in range(5):
+            cache = model(torch.randint(3, 37, (2, 1)), cache=cache, use_cache=True).cache
+    assert {t.data_ptr() for layer in cache.layers for t in layer.tensors().values()} == buffers
+    assert cache.get_seq_length() == 25
+
+
+def test_cache_under_gradients_keeps_each_steps_graph():
+    """With gradients recorded the cache concatenates: a backward through an earlier step still works."""
+    model = generation_model("hybrid_gpt2")
+    input_ids = torch.randint(3, 37, (2, 6))
+    first = model(input_ids, use_cache=True)
+    second = model(input_ids[:, :1], cache=first.cache, use_cache=True)
+    (first.logits.sum() + second.logits.sum()).backward()
+    assert all(p.grad is not None for p in model.transformer.h[0].attn.parameters())
 
 
 def test_bidirectional_model_does_not_cache():
@@ -175,7 +202,7 @@ def test_decoding_projects_only_the_new_positions():
     model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
     assert projected_rows == [input_ids.shape[1]] + [1] * 11
     kept = model.transformer.h[0].attn.decoding_keys.keys
-    assert input_ids.shape[1] + 11 <= kept.shape[0] <= 2 * (input_ids.shape[1] + 11)
+    assert input_ids.shape[1] + 11 <= kept.shape[1] <= 2 * (input_ids.shape[1] + 11)  # (H, positions, qk)
 
 
 @pytest.mark.parametrize(

@@ -253,5 +253,9 @@ def test_positions_are_one_row_for_the_batch_unless_left_padded():
     model = AutoModel.from_config(tiny_config("positional_gpt2"))
     right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    assert model.position_ids_from(right, 0, 4, "cpu").tolist() == [[0, 1, 2, 3]]
-    assert model.position_ids_from(left, 0, 4, "cpu").tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
+    positions, in_order = model.position_ids_from(right, 0, 4, "cpu")
+    assert positions.tolist() == [[0, 1, 2, 3]] and in_order
+    positions, in_order = model.position_ids_from(left, 0, 4, "cpu")
+    assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]] and not in_order
+    positions, in_order = model.position_ids_from(left[1:], 0, 4, "cpu")  # one left-padded row: not in order
+    assert positions.tolist() == [[0, 0, 0, 1]] and not in_order
