@@ -2,12 +2,13 @@
 against GPT-2.
 
 For each context length L: a random prompt of L tokens (batch 1) is prefilled in one forward with the cache on,
-then `--new-tokens` tokens are decoded greedily one at a time, each a single-token forward on the cache. Per-token
+then `--new-tokens` tokens are decoded greedily one at a time, each a single-token forward on the cache. Every
+(model, L) pair decodes in turn, one token each, so all are measured over the same stretch of time. Per-token
 latency is the median over the steps, the first one left out as warm-up; cache memory is what the cache holds after
 the last step. A local-only model keeps the last k keys and values per layer, so its step and its cache should not
 grow with L; GPT-2 (and the hybrid's global heads) keep every token. A positional model keeps every token's values
-but no keys (its weights come from positions; the layer keeps P's keys by position, once for every sequence).
-Models run interleaved within each L, one instance per model for every L.
+but no keys (its weights come from positions; the layer keeps P's keys by position, once for every sequence). One
+instance per model for every L.
 
     python -m benchmarks.generation                                   # L in {512, ..., 8192}, 32 new tokens
     python -m benchmarks.generation --contexts 1024 4096 --models local-1 gpt2
@@ -47,25 +48,41 @@ def cache_argument(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def decode(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, device: str) -> tuple[float, int]:
-    """(median seconds per decoded token after the first, cache bytes after the last step)."""
-    argument = cache_argument(model)
-    with torch.inference_mode():
-        # logits_to_keep=1: the prefill's logits over the whole prompt (L x vocab) would dominate its memory.
-        outputs = model(prompt, use_cache=True, logits_to_keep=1)
-        state = {"cache": cache_of(outputs), "token": outputs.logits[:, -1].argmax(-1, keepdim=True)}
+class Decoder:
+    """One model decoding greedily from one prompt: the prefill at construction, then `step()` per token."""
 
-        def step() -> None:
-            outputs = model(state["token"], use_cache=True, **{argument: state["cache"]})
-            state["cache"] = cache_of(outputs)
-            state["token"] = outputs.logits[:, -1].argmax(-1, keepdim=True)
+    def __init__(self, model: PreTrainedModel, prompt: torch.Tensor):
+        self.model, self.argument, self.prompt_length = model, cache_argument(model), prompt.shape[-1]
+        with torch.inference_mode():
+            # logits_to_keep=1: the prefill's logits over the whole prompt (L x vocab) would dominate its memory.
+            self.advance(model(prompt, use_cache=True, logits_to_keep=1))
+        self.steps = 0
 
-        times = [timed(step, device) for _ in range(new_tokens)]
-    cache = state["cache"]
-    expected = prompt.shape[-1] + new_tokens
-    if cache.get_seq_length() != expected:  # the steps really went through the cache
-        raise RuntimeError(f"the cache has seen {cache.get_seq_length()} tokens, expected {expected}")
-    return median(times[1:]), cache_bytes(cache)
+    def advance(self, outputs) -> None:
+        self.cache, self.token = cache_of(outputs), outputs.logits[:, -1].argmax(-1, keepdim=True)
+
+    def step(self) -> None:
+        with torch.inference_mode():
+            self.advance(self.model(self.token, use_cache=True, **{self.argument: self.cache}))
+        self.steps += 1
+
+    def cache_bytes(self) -> int:
+        """Bytes the cache holds, after checking that every step went through it."""
+        expected = self.prompt_length + self.steps
+        if self.cache.get_seq_length() != expected:
+            raise RuntimeError(f"the cache has seen {self.cache.get_seq_length()} tokens, expected {expected}")
+        return cache_bytes(self.cache)
+
+
+def decode(decoders: dict[tuple[str, int], Decoder], new_tokens: int, device: str) -> dict[tuple[str, int], float]:
+    """Median seconds per decoded token after the first, for every (model, context) decoder, the decoders taking
+    their steps in turns: a drift of the machine's speed during the run touches every context alike, so the
+    growth from the shortest context to the longest is measured within one stretch of time."""
+    times = {key: [] for key in decoders}
+    for _ in range(new_tokens):
+        for key, decoder in decoders.items():
+            times[key].append(timed(decoder.step, device))
+    return {key: median(seconds[1:]) for key, seconds in times.items()}
 
 
 def ratio(value: float, reference: float | None) -> str:
@@ -118,7 +135,7 @@ def print_notes(shape: Shape, args) -> None:
         f"> ms/token = median of steps 2..{args.new_tokens} (step 1 is warm-up); cache = bytes of cached keys and "
         "values after the last step;"
     )
-    print(f"> models interleaved within each L, each first warmed up by one untimed run at L = {args.contexts[0]}")
+    print(f"> every (model, L) decodes in turn, a token each; each model first warmed up at L = {args.contexts[0]}")
     print("> ratios: ms/token over the reference's (below 1: faster)")
 
 
@@ -172,24 +189,21 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         torch.manual_seed(args.seed)
         models[name] = build_model(name, shape, args.device).eval()
-        decode(models[name], warm_up, args.new_tokens, args.device)  # first calls are slow: not in the figures
+        decode({(name, 0): Decoder(models[name], warm_up)}, 2, args.device)  # first calls are slow: not in the figures
 
+    prompts = {length: torch.randint(0, shape.vocab_size, (1, length), generator=generator) for length in contexts}
+    decoders = {(name, length): Decoder(models[name], prompts[length].to(args.device)) for length in contexts
+                for name in names}  # fmt: skip
+    per_token = decode(decoders, args.new_tokens, args.device)
+    latency = {name: {length: per_token[name, length] for length in contexts} for name in names}
+    memory = {name: {length: decoders[name, length].cache_bytes() for length in contexts} for name in names}
     print_notes(shape, args)
     print_header("model", "context", "ms/token", "vs own at shortest context", "vs gpt2 at this context", "cache MiB")
-    latency: dict[str, dict[int, float]] = {name: {} for name in names}
-    memory: dict[str, dict[int, int]] = {name: {} for name in names}
     for length in contexts:
-        prompt = torch.randint(0, shape.vocab_size, (1, length), generator=generator).to(args.device)
-        for name in names:
-            latency[name][length], memory[name][length] = decode(models[name], prompt, args.new_tokens, args.device)
         gpt2 = latency["gpt2"][length] if "gpt2" in names else None
         for name in names:
-            seconds = latency[name][length]
-            own = latency[name][contexts[0]]
-            print_row(
-                name, length, f"{seconds * 1e3:.2f}", ratio(seconds, own), ratio(seconds, gpt2),
-                mib(memory[name][length]),
-            )  # fmt: skip
+            seconds, own, held = latency[name][length], latency[name][contexts[0]], memory[name][length]
+            print_row(name, length, f"{seconds * 1e3:.2f}", ratio(seconds, own), ratio(seconds, gpt2), mib(held))
     if len(contexts) > 1:
         print_targets(latency, memory, args)
 

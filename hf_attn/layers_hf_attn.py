@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.pytorch_utils import Conv1D
 
-from .attention_hf_attn import FIXED_ENCODINGS, apply_positional_weights, apply_rotary
+from .attention_hf_attn import FIXED_ENCODINGS, MAX_SHARED_WEIGHTS_ELEMENTS, apply_positional_weights, apply_rotary
 from .cache_hf_attn import HeadKindCacheLayer
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
@@ -85,8 +85,6 @@ class InferenceWeights:
     (H, T, S) weights it saves.
     """
 
-    MAX_ELEMENTS = 2**24  # 64 MiB of fp32 per layer; larger weights are recomputed rather than held
-
     def __init__(self):
         self.entry: tuple[list[torch.Tensor], torch.Tensor] | None = None  # (copies of the sources, weights)
 
@@ -94,8 +92,10 @@ class InferenceWeights:
     def applies(inputs: AttentionInputs) -> bool:
         return not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and inputs.key_mask is None
 
-    def fits(self, heads: int, num_keys: int) -> bool:
-        return heads * num_keys * num_keys <= self.MAX_ELEMENTS
+    @staticmethod
+    def fits(heads: int, num_keys: int) -> bool:
+        """Larger weights are recomputed rather than held (the fused route never forms them)."""
+        return heads * num_keys * num_keys <= MAX_SHARED_WEIGHTS_ELEMENTS
 
     def get(self, p_attn: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
         if self.entry is None:
@@ -116,15 +116,15 @@ class DecodingKeys:
     on the position and `p_attn` alone, so they are kept here for the positions reached so far, once for every
     sequence and batch; the cache keeps values only. Used when no gradient is recorded and not under torch.compile.
     Checked against `p_attn` and P (by value, as in `InferenceWeights`; by storage and version counter for P, whose
-    table can be as large as the cache) when a decoding cache is first seen: within one cache the weights are fixed,
-    as every cached value already assumes.
+    table can be as large as the cache) the first time each decoding cache comes: within one cache the weights are
+    fixed, as every cached value already assumes.
     """
 
     def __init__(self, num_positions: int):
         self.num_positions = num_positions
         self.keys: torch.Tensor | None = None  # (H, positions so far, qk)
         self.sources: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
-        self.checked_for = None  # a weak reference to the cache layer last checked against
+        self.checked_for: weakref.WeakSet = weakref.WeakSet()  # the cache layers the kept keys were checked for
 
     @staticmethod
     def applies() -> bool:
@@ -137,11 +137,12 @@ class DecodingKeys:
     def get(self, p_attn: Projection, inputs: AttentionInputs, cache_layer, heads: int) -> torch.Tensor:
         """(B|1, H, S, qk): the keys at `inputs.key_positions`, projecting only positions not reached before."""
         table = inputs.positional_encoding
-        if self.checked_for is None or self.checked_for() is not cache_layer:
+        if cache_layer not in self.checked_for:
             kept, identities = self.sources or ([], [])
             if not (all(map(_same_tensor, kept, p_attn.parameters())) and identities == self.identify(table)):
                 self.keys = None
-            self.checked_for = weakref.ref(cache_layer)
+                self.checked_for.clear()
+            self.checked_for.add(cache_layer)
         have = 0 if self.keys is None else self.keys.shape[1]
         needed = min(inputs.num_keys, self.num_positions)  # positions count real tokens from 0
         if needed > have:  # grow geometrically: one new position per step on average
@@ -312,7 +313,7 @@ class HfAttnAttention(nn.Module):
             not decoding
             and self.positional_impl != "fused"
             and InferenceWeights.applies(inputs)
-            and self.inference_weights.fits(self.num_positional_heads, inputs.num_keys)
+            and InferenceWeights.fits(self.num_positional_heads, inputs.num_keys)
         )
         if reusable and (weights := self.inference_weights.get(self.p_attn, rows)) is not None:
             return apply_positional_weights(weights, v), weights

@@ -176,3 +176,30 @@ def test_positional_weights_not_reused_in_training_or_with_padding(weight_comput
         for _ in range(2):
             model(input_ids, attention_mask=mask)
     assert weight_computations == [0, 1] * 4
+
+
+# --- the routes of positional heads ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("padded", [False, True])
+def test_positional_routes_train_the_same_model(is_causal, attend_to_self, padded):
+    """A whole positional model under the fused route: the logits and every parameter's gradient of the shared-weights
+    route, left padding (positions per sample) included."""
+    masks = dict(is_causal=is_causal, attend_to_self=attend_to_self)
+    shared, fused = (
+        AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", **masks, positional_attention_impl=impl))
+        for impl in ("shared_weights", "fused")
+    )
+    fused.load_state_dict(shared.state_dict())
+    input_ids = torch.randint(3, 37, (3, 12))
+    mask = torch.ones_like(input_ids)
+    if padded:
+        mask[0, :4] = 0
+    outputs = [model(input_ids, attention_mask=mask, labels=input_ids) for model in (shared, fused)]
+    keep = mask.bool()
+    torch.testing.assert_close(outputs[1].logits[keep], outputs[0].logits[keep], atol=1e-5, rtol=1e-5)
+    for output in outputs:
+        output.loss.backward()
+    for (name, expected), actual in zip(shared.named_parameters(), fused.parameters(), strict=True):
+        torch.testing.assert_close(actual.grad, expected.grad, atol=1e-5, rtol=1e-4, msg=name)
