@@ -37,6 +37,7 @@ FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table
 PAPER_B = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
            "formal_languages_check_paper_size")  # fmt: skip
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
+IDLE_RUN_TIMES = "paper_b_idle_run_times"  # one pair of runs per config of PAPER_B, timed with nothing else running
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
 
@@ -178,6 +179,24 @@ def run_times_table(names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def idle_run_times_table(names: tuple[str, ...]) -> str:
+    """Per config: a pair of its runs timed on an idle machine, and what all its runs would take at that pace, two
+    at a time as they were run."""
+    lines = ["| config's runs | timed when idle | per run | load when they ended | all its runs at this pace |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        timed = load_results(DOCS / IDLE_RUN_TIMES / name)
+        seconds = [r["train_seconds"] for r in timed]
+        loads = [r["machine"]["load_average"][0] for r in timed]
+        runs = len(load_results(DOCS / name))
+        lines.append(
+            f"| `{name}` | {len(timed)} ({', '.join(sorted({r['model'] for r in timed}))}) | {min(seconds):.0f} - "
+            f"{max(seconds):.0f} s | {min(loads):.1f} - {max(loads):.1f} | {runs} runs: about "
+            f"{runs * statistics.mean(seconds) / 2 / 60:.0f} min |"
+        )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "quickstart": quickstart_table,
     "algorithmic": algorithmic_table,
@@ -186,6 +205,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "induction": induction_table,
     "paper-a-run-times": lambda: run_times_table(PAPER_A),
     "paper-b-run-times": lambda: run_times_table(PAPER_B),
+    "paper-b-idle-run-times": lambda: idle_run_times_table(PAPER_B),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "formal-languages": formal_languages_table,
