@@ -129,9 +129,8 @@ def test_generation_benchmark_runs_and_caches_grow_as_expected():
 
 
 def test_positional_routes_benchmark_times_every_route_and_names_auto_s_choice():
-    result = run_benchmark(
-        "positional_routes", "--paper-a-batches", "300", "--lengths", "256", "--tokens-per-step", "256", "--repeats", "1"
-    )
+    sizes = ["--paper-a-batches", "300", "--lengths", "256", "--tokens-per-step", "256", "--repeats", "1"]
+    result = run_benchmark("positional_routes", *sizes)
     assert result.returncode == 0, result.stderr
     rows = {cells[0]: cells for cells in table_rows(result.stdout, width=9)}
     assert set(rows) == {"Paper A", "language model"}, result.stdout

@@ -26,11 +26,18 @@ def model_with(layout: list[str], **overrides) -> AutoModelForCausalLM:
 # --- torch.compile ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+# Layouts with positional heads also under the fused route (`auto` takes shared weights at this shape).
+COMPILED_CASES = [
+    (layout, impl) for layout, heads in LAYOUTS.items() for impl in ("auto", "fused")[: 1 + ("positional" in heads)]
+]
+
+
+@pytest.mark.parametrize("layout,positional_impl", COMPILED_CASES)
 @pytest.mark.parametrize("local_window", [1, 16])  # the offsets kernel and the chunked one
 @pytest.mark.parametrize("padded", [False, True])
-def test_attention_compiles_into_one_graph(layout, local_window, padded):
-    config = tiny_config("hybrid_gpt2", head_layout=[LAYOUTS[layout]], n_layer=1, local_window=local_window)
+def test_attention_compiles_into_one_graph(layout, positional_impl, local_window, padded):
+    config = tiny_config("hybrid_gpt2", head_layout=[LAYOUTS[layout]], n_layer=1, local_window=local_window,
+                         positional_attention_impl=positional_impl)  # fmt: skip
     trunk = HfAttnModel(config)
     length = 40
     mask = torch.ones(2, length, dtype=torch.long)
