@@ -348,12 +348,15 @@ def local_attention_with_weights(
 # expanded over the batch, B times the query-key work (what GPT-2's heads pay) but no T x S tensor. One layer, 8
 # heads, head dim 32, forward + backward, one CPU thread: shared 19 ms against fused 63 ms at T = 9 and batch 1000
 # (Paper A), 87 against 160 ms at T = 512 and batch 8, but 275 against 91 ms at T = 1024 and batch 1, 4.6 s against
-# 0.75 s at T = 4096. Shared weights win while the batch exceeds T / 128 and their tensor stays small.
+# 0.75 s at T = 4096. Shared weights win while the batch exceeds T / 128 and their tensor stays small; whole models
+# agree (`python -m benchmarks.positional_routes`).
 SHARED_WEIGHTS_MIN_BATCH_PER_QUERY = 1 / 128
 MAX_SHARED_WEIGHTS_ELEMENTS = 2**24  # 64 MiB of fp32 per layer
 
 
-def positional_weights(pq: torch.Tensor, pk: torch.Tensor, visibility: Visibility, key_mask, scale: float):
+def positional_weights(
+    pq: torch.Tensor, pk: torch.Tensor, visibility: Visibility, key_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """Paper A: softmax((P Wq)(P Wk)^T / sqrt(d)). `pq` (1|B, H, T, d), `pk` (1|B, H, S, d).
 
     Depends on positions only, so without padding it is one (1, H, T, S) tensor for the whole batch. When no row can

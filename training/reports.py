@@ -34,10 +34,11 @@ PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu")
 FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
                  "4x longer: 2,000 steps": "formal_languages_check_longer",
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
-PAPER_B = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
-           "formal_languages_check_paper_size")  # fmt: skip
+PAPER_B_FORMAL = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
+                  "formal_languages_check_paper_size")  # fmt: skip
+PAPER_B = (*PAPER_B_FORMAL, "wikitext_cpu")
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
-IDLE_RUN_TIMES = "paper_b_idle_run_times"  # one pair of runs per config of PAPER_B, timed with nothing else running
+IDLE_RUN_TIMES = "paper_b_idle_run_times"  # a pair of runs per config of PAPER_B_FORMAL, with nothing else running
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
 
@@ -140,6 +141,13 @@ def formal_languages_checks_table() -> str:
     return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
 
 
+def wikitext_table() -> str:
+    """WikiText-2 test perplexity per variant and position encoding, collapsed runs named and left out."""
+    results = load_results(DOCS / "wikitext_cpu")
+    experiment = experiment_of(wikitext.ExperimentArguments, results)
+    return wikitext.perplexity_section(results, experiment)
+
+
 def gpt2_pretraining_text() -> str:
     """What the offline GPT-2 baseline is, from its pretraining record."""
     run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
@@ -205,7 +213,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "induction": induction_table,
     "paper-a-run-times": lambda: run_times_table(PAPER_A),
     "paper-b-run-times": lambda: run_times_table(PAPER_B),
-    "paper-b-idle-run-times": lambda: idle_run_times_table(PAPER_B),
+    "paper-b-idle-run-times": lambda: idle_run_times_table(PAPER_B_FORMAL),
+    "wikitext": wikitext_table,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "formal-languages": formal_languages_table,

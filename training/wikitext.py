@@ -217,6 +217,18 @@ def perplexity_table(results: list[dict], variants: list[str], encodings: list[s
     return grid_table(cells, "variant")
 
 
+def encodings_in(results: list[dict], experiment: ExperimentArguments) -> list[str]:
+    """The position encodings some run used, in the experiment's order."""
+    return [p for p in experiment.position_embeddings if any(r["positions"] == p for r in results)]
+
+
+def perplexity_section(results: list[dict], experiment: ExperimentArguments) -> str:
+    """The perplexity table, then which runs collapsed (per variant and encoding), as results.md and README show it."""
+    by_encoding = [{**r, "model": f"{r['model']} ({r['positions']})"} for r in results]
+    table = perplexity_table(results, experiment.variants, encodings_in(results, experiment))
+    return table + "\n\n" + collapse_summary(by_encoding)
+
+
 def runs_table(results: list[dict]) -> str:
     """A row per run: what the means hide (a seed that trained far worse, a run that sat on the unigram plateau)."""
     lines = ["| variant | positions | seed | test perplexity | training loss: mean, last logged | left the unigram "
@@ -235,7 +247,7 @@ def runs_table(results: list[dict]) -> str:
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
     """results.md (the perplexity table and a row per run), perplexity.png (bars) and loss.png (every run's training
     loss, a panel per position encoding, the unigram plateau dashed)."""
-    encodings = [p for p in experiment.position_embeddings if any(r["positions"] == p for r in results)]
+    encodings = encodings_in(results, experiment)
     first = results[0]
     unigram = first["unigram"]
     report = "\n\n".join([
@@ -244,8 +256,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         f"A model that ignores the context (unigram frequencies of the training tokens) has test perplexity "
         f"{unigram['test_perplexity']:.0f} and training loss {unigram['train_loss']:.3f}.",
         "## test perplexity by variant and position encoding: mean over runs (lowest-highest run)",
-        perplexity_table(results, experiment.variants, encodings),
-        collapse_summary([{**r, "model": f"{r['model']} ({r['positions']})"} for r in results]),  # per encoding
+        perplexity_section(results, experiment),
         "## every run",
         runs_table(results),
     ]) + "\n"  # fmt: skip
