@@ -37,6 +37,11 @@ class Sharing(Protocol):
     def push_model(self, model: PreTrainedModel, repo_id: str, **push_kwargs) -> object: ...
 
 
+# `save_pretrained`'s arguments that belong to its push (`push_to_hub=True`), as `push_to_hub` names them.
+PUSH_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "token", "revision", "create_pr",
+                  "tags")  # fmt: skip
+
+
 class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
@@ -52,10 +57,20 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         self._no_split_modules = [BLOCKS[config.block_style].__name__]
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
-        """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md."""
+        """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md.
+
+        With `push_to_hub=True` the push is `push_to_hub`'s (transformers' arguments: `repo_id`, by default the
+        folder's name, `commit_message`, `private`, `token`, ...), so the Hub gets this model's card too, not the
+        generic one transformers would upload."""
+        push = self.sharing is not None and is_main_process and kwargs.pop("push_to_hub", False)
+        hub_kwargs = {name: kwargs.pop(name) for name in PUSH_ARGUMENTS if name in kwargs} if push else {}
         super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
         if self.sharing is not None and is_main_process:
             self.sharing.write_model_type_card(self, save_directory)
+        if push:
+            repo_id = hub_kwargs.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+            max_shard_size = kwargs.get("max_shard_size", "50GB")
+            self.push_to_hub(repo_id, max_shard_size=max_shard_size, **hub_kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """transformers' `push_to_hub`, with this model's card in place of the generic one where hf_attn is installed

@@ -40,7 +40,8 @@ class StandInHub:
     def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
         assert exist_ok, "a rerun must be able to push to the repository it created before"
         self.created.append((repo_id, private))
-        return RepoUrl(f"https://huggingface.co/{repo_id}")
+        namespaced = repo_id if "/" in repo_id else f"me/{repo_id}"  # the Hub puts a bare name under the user
+        return RepoUrl(f"https://huggingface.co/{namespaced}")
 
     def upload_folder(self, *, repo_id, folder_path, commit_message=None, **kwargs):
         shutil.copytree(folder_path, self.root / repo_id, dirs_exist_ok=True)
@@ -262,3 +263,17 @@ def test_a_hand_built_model_saves_and_pushes_with_its_model_type_card(tmp_path, 
     assert all(
         torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
     )
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_model_type_card(tmp_path, hub):
+    """transformers' `save_pretrained(push_to_hub=True)` spelling: the folder and the Hub both get this model's card."""
+    config = AutoConfig.for_model("positional_gpt2", n_layer=1, n_head=2, n_embd=16, vocab_size=11, n_positions=8)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path / "tiny-positional", push_to_hub=True, private=True, token="hf_stand_in")
+    assert hub.created == [("tiny-positional", True)] and hub.uploaded == ["me/tiny-positional"]
+    for folder in (tmp_path / "tiny-positional", hub.root / "me/tiny-positional"):
+        card = ModelCard.load(folder / "README.md")
+        assert "positional_gpt2" in card.data.tags and "arXiv" in card.text, folder
+    model.save_pretrained(tmp_path / "elsewhere", push_to_hub=True, repo_id="me/named", token="hf_stand_in")
+    assert hub.uploaded[-1] == "me/named"
+    assert "positional_gpt2" in ModelCard.load(hub.root / "me/named" / "README.md").data.tags
