@@ -155,17 +155,10 @@ def test_positional_routes_match_reference(route, per_sample, is_causal, attend_
     pq, pk = (torch.randn(rows, H, T, 5, requires_grad=True) for _ in range(2))
     _, _, v = qkv()
     visibility = Visibility(is_causal, attend_to_self)
-    out = POSITIONAL_ROUTES[route](pq, pk, v, visibility, key_mask, 5**-0.5)
-    pq64, pk64, v64 = (t.detach().double().requires_grad_() for t in (pq, pk, v))
-    expected, _ = naive_attention(
-        pq64.expand(B, -1, -1, -1), pk64.expand(B, -1, -1, -1), v64, is_causal, attend_to_self, key_mask=key_mask
-    )
-    torch.testing.assert_close(out.double(), expected.detach(), atol=1e-5, rtol=1e-5)
-    probe = torch.randn_like(expected)
-    grads = torch.autograd.grad((out.double() * probe).sum(), (pq, pk, v))
-    expected_grads = torch.autograd.grad((expected * probe).sum(), (pq64, pk64, v64))
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad.double(), expected_grad, atol=1e-4, rtol=1e-4)
+    assert_matches_reference(
+        lambda q, k, v: POSITIONAL_ROUTES[route](q, k, v, visibility, key_mask, 5**-0.5),
+        pq, pk, v, is_causal=is_causal, attend_to_self=attend_to_self, key_mask=key_mask,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("is_causal,attend_to_self,pad", GRID)
@@ -268,10 +261,12 @@ def test_bf16_close_to_fp32(kernel, pad):
 
 
 def assert_matches_reference(attend, q, k, v, **reference_kwargs):
-    """Output and gradients (of a random projection of the output) agree with `naive_attention` in float64."""
+    """Output and gradients (of a random projection of the output) agree with `naive_attention` in float64. Queries
+    and keys with a batch of 1 (positional heads') are shared by every sample: their gradient is summed over them."""
     out = attend(q, k, v)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected, _ = naive_attention(q64, k64, v64, **reference_kwargs)
+    batch = v.shape[0]
+    expected, _ = naive_attention(q64.expand(batch, -1, -1, -1), k64.expand(batch, -1, -1, -1), v64, **reference_kwargs)
     torch.testing.assert_close(out.double(), expected.detach(), atol=1e-5, rtol=1e-5)
     probe = torch.randn_like(expected)
     grads = torch.autograd.grad((out.double() * probe).sum(), (q, k, v))
