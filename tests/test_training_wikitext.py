@@ -86,3 +86,33 @@ def test_bad_input_stops_before_training(tmp_path, args, message):
     with pytest.raises(ValueError, match=message):
         wikitext.FAMILY.main([CONFIG, "--output_dir", str(tmp_path), *TINY, *args])
     assert not (tmp_path / "learned").exists()
+
+
+def made_up_run(variant: str, positions: str, perplexity: float, left_at: int | None, collapsed: bool = False) -> dict:
+    collapse = {"collapsed": collapsed, "metric": "perplexity", "error": perplexity, "input_blind_error": 1969.0}
+    return {"model": variant, "positions": positions, "seed": 0, "by_scale": {variant: {"perplexity": perplexity}},
+            "left_unigram_plateau_at": left_at, "collapse": collapse}  # fmt: skip
+
+
+def test_report_ranks_variants_per_encoding_and_leaves_collapsed_runs_out():
+    """Written out by hand: the mean over the runs kept, collapsed runs named but not averaged, and per encoding the
+    variants from the lowest mean to the highest with the median step at which their runs left the plateau."""
+    results = [
+        made_up_run("global", "learned", 900.0, 400),
+        made_up_run("global", "learned", 1950.0, None, collapsed=True),  # sat on the unigram plateau
+        made_up_run("local-1", "learned", 700.0, 300),
+        made_up_run("local-1", "learned", 800.0, 100),
+        made_up_run("hybrid-1", "rope", 600.0, 150),
+        made_up_run("global", "rope", 650.0, 150),
+    ]
+    experiment = wikitext.ExperimentArguments(variants=["global", "local-1", "hybrid-1"],
+                                              position_embeddings=["learned", "rope"])  # fmt: skip
+    section = wikitext.perplexity_section(results, experiment)
+    assert "| global | 900, 1 of 2 runs | 650, 1 of 1 runs |" in section
+    assert "| local-1 | 750 (700-800), 2 of 2 runs | n/a |" in section
+    assert "left out: global (learned) seed 0 (perplexity" in section
+    only_collapsed = wikitext.perplexity_section(results[1:2], experiment)
+    assert "| global | collapsed, 0 of 1 runs |" in only_collapsed
+    assert "- learned: every run collapsed" in only_collapsed
+    assert "- learned: local-1 750 (left it at step 200) < global 900 (left it at step 400, not every run)" in section
+    assert "- rope: hybrid-1 600 (left it at step 150) < global 650 (left it at step 150)" in section

@@ -18,6 +18,7 @@ PROTOCOL (trained on validation, evaluated on test). A run whose test perplexity
 import functools
 import itertools
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -30,7 +31,6 @@ from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, toke
 from hf_attn.experiments import (
     collapse_check,
     collapse_summary,
-    format_value,
     grid_table,
     is_collapsed,
     list_field,
@@ -193,6 +193,11 @@ def load_data(experiment: ExperimentArguments, model: ModelArguments) -> dict:
     return {"data": data}
 
 
+def perplexity_text(perplexity: float) -> str:
+    """Perplexities to the unit: runs of one cell differ by tens to hundreds."""
+    return f"{perplexity:.0f}"
+
+
 def kept_perplexities(results: list[dict]) -> dict[tuple[str, str], tuple[list[float], int]]:
     """Per (variant, position encoding): the test perplexities of the runs kept (not collapsed), and how many ran."""
     cells: dict[tuple[str, str], tuple[list[float], int]] = {}
@@ -211,8 +216,8 @@ def perplexity_table(results: list[dict], variants: list[str], encodings: list[s
         for positions in encodings:
             if (variant, positions) in grouped:
                 values, runs = grouped[variant, positions]
-                spread = f" ({format_value(min(values))}-{format_value(max(values))})" if len(values) > 1 else ""
-                mean = format_value(summarize(values)["mean"]) if values else "collapsed"
+                spread = f" ({perplexity_text(min(values))}-{perplexity_text(max(values))})" if len(values) > 1 else ""
+                mean = perplexity_text(summarize(values)["mean"]) if values else "collapsed"
                 cells.setdefault(variant, {})[positions] = f"{mean}{spread}, {len(values)} of {runs} runs"
     return grid_table(cells, "variant")
 
@@ -222,11 +227,35 @@ def encodings_in(results: list[dict], experiment: ExperimentArguments) -> list[s
     return [p for p in experiment.position_embeddings if any(r["positions"] == p for r in results)]
 
 
+def plateau_exit(results: list[dict], variant: str, positions: str) -> str:
+    """When the runs of one cell left the unigram plateau: the median step, and whether some never did."""
+    exits = [r["left_unigram_plateau_at"] for r in results if (r["model"], r["positions"]) == (variant, positions)]
+    left = [step for step in exits if step is not None]
+    if not left:
+        return "never left the plateau"
+    return f"left it at step {statistics.median(left):g}" + ("" if len(left) == len(exits) else ", not every run")
+
+
+def ranking(results: list[dict], experiment: ExperimentArguments) -> str:
+    """Per encoding, the variants from the lowest mean perplexity to the highest, with when they left the unigram
+    plateau: which variant learns fastest, and which was slow to start."""
+    grouped, lines = kept_perplexities(results), []
+    for positions in encodings_in(results, experiment):
+        kept = [v for v in experiment.variants if grouped.get((v, positions), ([], 0))[0]]
+        means = {v: summarize(grouped[v, positions][0])["mean"] for v in kept}
+        ranked = sorted(kept, key=means.get)
+        cells = [f"{v} {perplexity_text(means[v])} ({plateau_exit(results, v, positions)})" for v in ranked]
+        lines.append(f"- {positions}: " + (" < ".join(cells) or "every run collapsed"))
+    heading = "Lowest mean perplexity first, per encoding (and the median step at which runs left the unigram plateau):"
+    return heading + "\n\n" + "\n".join(lines)
+
+
 def perplexity_section(results: list[dict], experiment: ExperimentArguments) -> str:
-    """The perplexity table, then which runs collapsed (per variant and encoding), as results.md and README show it."""
+    """The perplexity table, which runs collapsed (per variant and encoding), and the ranking per encoding, as
+    results.md and README show them."""
     by_encoding = [{**r, "model": f"{r['model']} ({r['positions']})"} for r in results]
     table = perplexity_table(results, experiment.variants, encodings_in(results, experiment))
-    return table + "\n\n" + collapse_summary(by_encoding)
+    return "\n\n".join([table, collapse_summary(by_encoding), ranking(results, experiment)])
 
 
 def runs_table(results: list[dict]) -> str:
@@ -235,9 +264,9 @@ def runs_table(results: list[dict]) -> str:
              "plateau at step | training time |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sorted(results, key=lambda r: (r["positions"], r["model"], r["seed"])):
         steps = r["loss_curve"][-1][0] if r["loss_curve"] else "n/a"
-        left = r["left_unigram_plateau_at"]
+        left, perplexity = r["left_unigram_plateau_at"], r["by_scale"][r["model"]]["perplexity"]
         lines.append(
-            f"| {r['model']} | {r['positions']} | {r['seed']} | {format_value(r['by_scale'][r['model']]['perplexity'])}"
+            f"| {r['model']} | {r['positions']} | {r['seed']} | {perplexity_text(perplexity)}"
             f" | {r['train_loss']:.3f}, {r['loss_curve'][-1][1]:.3f} | {'never' if left is None else left} of "
             f"{steps} | {r['train_seconds'] / 60:.1f} min |"
         )
