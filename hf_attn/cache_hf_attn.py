@@ -27,7 +27,9 @@ def _append(buffer: torch.Tensor | None, used: int, new: torch.Tensor) -> torch.
     """`new` written after the first `used` tokens of `buffer`, growing it geometrically when full; returns the
     buffer. Appending in place keeps a decoding step from copying every past token, as `torch.cat` does."""
     needed = used + new.shape[-2]
-    if buffer is None or buffer.shape[-2] < needed:
+    # A buffer made under torch.inference_mode can only be written in it: outside, it is copied like a full one.
+    frozen = buffer is not None and buffer.is_inference() and not torch.is_inference_mode_enabled()
+    if buffer is None or buffer.shape[-2] < needed or frozen:
         grown = new.new_empty(*new.shape[:-2], needed + max(MIN_GROWTH, needed // 8), new.shape[-1])
         if buffer is not None:
             grown[..., :used, :] = buffer[..., :used, :]

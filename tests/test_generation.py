@@ -224,3 +224,15 @@ def test_kept_decoding_keys_follow_parameter_changes(edit):
         edit(model)
     expected = greedy_by_recomputing(model, input_ids, attention_mask, 10)
     assert torch.equal(model.generate(input_ids, **generate), expected)
+
+
+def test_a_cache_filled_under_inference_mode_goes_on_under_no_grad():
+    """Buffers made under torch.inference_mode cannot be written outside it: the cache copies them rather than fail."""
+    model = generation_model("hybrid_gpt2", head_layout=[["global", "positional"] * 2] * 2)
+    input_ids = torch.randint(3, 37, (2, 9))
+    with torch.inference_mode():
+        cache = model(input_ids[:, :8], use_cache=True).cache
+    with torch.no_grad():
+        step = model(input_ids[:, 8:], cache=cache, use_cache=True).logits[:, -1]
+        whole = model(input_ids, use_cache=False).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-5)
