@@ -126,6 +126,13 @@ class DecodingKeys:
         self.sources: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
         self.checked_for: weakref.WeakSet = weakref.WeakSet()  # the cache layers the kept keys were checked for
 
+    def __getstate__(self) -> dict:
+        """Pickled (`torch.save(model)`, `copy.deepcopy`) without what it keeps: a copy starts afresh."""
+        return {"num_positions": self.num_positions}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["num_positions"])
+
     @staticmethod
     def applies() -> bool:
         return not (torch.is_grad_enabled() or torch.compiler.is_compiling())

@@ -1,5 +1,8 @@
 """Cached decoding gives the tokens of recomputing the whole prefix; the cache keeps only what each kind needs."""
 
+import copy
+import io
+
 import pytest
 import torch
 from conftest import MODEL_TYPES, tiny_config
@@ -236,3 +239,16 @@ def test_a_cache_filled_under_inference_mode_goes_on_under_no_grad():
         step = model(input_ids[:, 8:], cache=cache, use_cache=True).logits[:, -1]
         whole = model(input_ids, use_cache=False).logits[:, -1]
     torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_that_has_decoded_pickles_and_copies():
+    """`torch.save(model)` and `copy.deepcopy` work after generating; the copy decodes the same tokens."""
+    model = positional_decoder()
+    _, input_ids, attention_mask = left_padded_prompts()
+    generate = dict(attention_mask=attention_mask, max_new_tokens=6, do_sample=False, pad_token_id=PAD)
+    expected = model.generate(input_ids, **generate)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    for copy_of_model in (torch.load(saved, weights_only=False), copy.deepcopy(model)):
+        assert torch.equal(copy_of_model.generate(input_ids, **generate), expected)
