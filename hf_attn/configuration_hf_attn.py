@@ -84,8 +84,9 @@ class HfAttnConfig(GPT2Config):
         the whole batch (they depend on positions only) and keeps them for the backward: fastest for large batches
         of short sequences, as in Paper A. `"fused"` runs SDPA on P's queries and keys for every sample and never
         forms T x S: less memory, faster for long sequences. `"auto"` picks by shape: shared weights while the batch
-        exceeds T / 128 and the weights stay under 2**24 elements, and for inference, where one evaluation's
-        weights serve the next batches. Attention weights (`output_attentions`) always come from shared weights.
+        exceeds T / 128 and the weights stay under 2**24 elements. In inference (not with `"fused"`) the weights
+        are kept once the same positions come twice, for the next batches of an evaluation loop. Attention weights
+        (`output_attentions`) always come from shared weights.
 
     Example:
 

@@ -1,12 +1,15 @@
 """The fast paths compute what the plain ones do: compiled kernels, bf16 autocast, reused positional weights,
 and attention that torch.compile traces in one graph."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import MODEL_TYPES, tiny_config
 from transformers import AutoModelForCausalLM
 
 from hf_attn import attention_hf_attn
+from hf_attn.head_kinds_hf_attn import HEAD_KINDS
 from hf_attn.layers_hf_attn import HfAttnAttention
 from hf_attn.modeling_hf_attn import HfAttnModel
 
@@ -135,12 +138,13 @@ def weight_computations(monkeypatch):
     return calls
 
 
-def test_positional_weights_computed_once_for_repeated_inference(weight_computations):
+def test_positional_weights_kept_once_the_same_positions_come_twice(weight_computations):
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")).eval()
-    batches = [torch.randint(3, 37, (3, 10)) for _ in range(3)]
+    batches = [torch.randint(3, 37, (3, 10)) for _ in range(4)]
     with torch.no_grad():
         logits = [model(batch).logits for batch in batches]
-    assert weight_computations == [0, 1]  # the first batch only, once per layer
+    # The first batch by the route its shape prefers, the second forms the weights and keeps them, the rest reuse them.
+    assert weight_computations == [0, 1, 0, 1]
     fresh = AutoModelForCausalLM.from_config(model.config).eval()
     fresh.load_state_dict(model.state_dict())
     with torch.no_grad():
@@ -160,10 +164,12 @@ def test_positional_weights_recomputed_when_parameters_change(weight_computation
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")).eval()
     input_ids = torch.randint(3, 37, (2, 10))
     with torch.no_grad():
-        before = model(input_ids).logits
+        model(input_ids)
+        before = model(input_ids).logits  # the weights are kept from here on
+        weight_computations.clear()
         edit(model.transformer.h[0].attn.p_attn.weight)
         after = model(input_ids).logits
-    assert weight_computations == [0, 1, 0]  # only layer 0 changed
+    assert weight_computations == [0]  # only layer 0 changed
     assert not torch.allclose(before, after)
     fresh = AutoModelForCausalLM.from_config(model.config).eval()
     fresh.load_state_dict(model.state_dict())
@@ -174,15 +180,39 @@ def test_positional_weights_recomputed_when_parameters_change(weight_computation
 def test_positional_weights_not_reused_in_training_or_with_padding(weight_computations):
     model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2"))
     input_ids = torch.randint(3, 37, (2, 10))
-    for _ in range(2):  # gradients recorded: always recomputed, so they reach p_attn
+    for _ in range(3):  # gradients recorded: always recomputed, so they reach p_attn
         model(input_ids, labels=input_ids).loss.backward()
     assert model.transformer.h[0].attn.p_attn.weight.grad is not None
     mask = torch.ones(2, 10, dtype=torch.long)
     mask[0, :3] = 0
     with torch.no_grad():
-        for _ in range(2):
+        for _ in range(3):
             model(input_ids, attention_mask=mask)
-    assert weight_computations == [0, 1] * 4
+    assert weight_computations == [0, 1] * 6
+
+
+def test_a_one_off_inference_forward_takes_the_route_its_shape_prefers(monkeypatch):
+    """A prompt of 300 tokens, batch 1: fused (no T x T weights) the first time; the weights are formed and kept
+    when the same positions come again, and reused after that."""
+    formed = []
+    kind = HEAD_KINDS["positional"]
+
+    def forming(*args, **kwargs):
+        formed.append(args[0].shape[-2])
+        return kind.kernel_with_weights(*args, **kwargs)
+
+    monkeypatch.setitem(HEAD_KINDS, "positional", dataclasses.replace(kind, kernel_with_weights=forming))
+    model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", n_positions=300)).eval()
+    prompt = torch.randint(3, 37, (1, 300))
+    with torch.no_grad():
+        first = model(prompt).logits
+        assert formed == []
+        second = model(prompt).logits
+        assert formed == [300] * model.config.n_layer
+        third = model(prompt).logits
+        assert formed == [300] * model.config.n_layer
+    torch.testing.assert_close(second, first, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(third, first, atol=1e-5, rtol=1e-5)
 
 
 # --- the routes of positional heads ----------------------------------------------------------------------------
