@@ -67,6 +67,11 @@ class HfAttnConfig(GPT2Config):
         zero biases and PyTorch's defaults for every other linear and embedding layer. Defaults to `"paper_a"` for
         the `"concat_mlp"` block, which has no residual stream to carry GPT-2's small-output init (its signal
         would shrink layer by layer until the model predicts a constant), and to `"gpt2"` otherwise.
+    scale_embedding (`bool`, *optional*, defaults to `False`):
+        Multiply token embeddings by sqrt(n_embd), as Vaswani et al. do under their sinusoidal positions (and
+        transformers' BART and XGLM under `scale_embedding`). GPT-2 does not: its learned positions are drawn as
+        small as its tokens. Fixed sinusoidal positions have amplitude 1, about 35 times a token embedding drawn
+        with std 0.02 at width 128, so without the scale the input starts as mostly position.
     rope_theta (`float`, *optional*, defaults to 10000.0):
         Base of the rotary frequencies when `position_embedding_type="rope"`.
     numeric_inputs (`bool`, *optional*, defaults to `False`):
@@ -111,6 +116,7 @@ class HfAttnConfig(GPT2Config):
     content_qk_dim: int | None = None
     block_style: str = "gpt2"
     initialization: str | None = None
+    scale_embedding: bool = False
     rope_theta: float = 10000.0
     numeric_inputs: bool = False
     numeric_token_id: int | None = None

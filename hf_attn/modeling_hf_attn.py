@@ -242,6 +242,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
     def embed_inputs(self, input_ids, numeric_values, numeric_positions) -> torch.Tensor:
         """Token embeddings, with `wne(value)` at the numeric positions (all positions if there are no ids)."""
         embeds = None if input_ids is None else self.wte(input_ids)
+        if embeds is not None and self.config.scale_embedding:
+            embeds = embeds * self.config.n_embd**0.5
         if numeric_values is None:
             return embeds
         # Values elsewhere are replaced, not only their embeddings: 0 * NaN would still reach wne's gradient.

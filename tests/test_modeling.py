@@ -259,3 +259,16 @@ def test_positions_are_one_row_for_the_batch_unless_left_padded():
     assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]] and not in_order
     positions, in_order = model.position_ids_from(left[1:], 0, 4, "cpu")  # one left-padded row: not in order
     assert positions.tolist() == [[0, 0, 0, 1]] and not in_order
+
+
+def test_scale_embedding_multiplies_token_embeddings_by_the_square_root_of_the_width():
+    """Vaswani et al.'s scale: the scaled model on token ids is the unscaled one on embeddings x sqrt(n_embd)."""
+    fields = dict(position_embedding_type="sinusoidal")
+    scaled = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", **fields, scale_embedding=True)).eval()
+    plain = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", **fields)).eval()
+    plain.load_state_dict(scaled.state_dict())
+    input_ids = torch.randint(3, 37, (2, 9))
+    embeds = plain.transformer.wte(input_ids) * plain.config.n_embd**0.5
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(input_ids).logits, plain(inputs_embeds=embeds).logits)
+        assert not torch.allclose(scaled(input_ids).logits, plain(input_ids).logits)

@@ -163,6 +163,7 @@ def model_config(variant: str, positions: str, model: ModelArguments, language: 
         **parse_variant(variant),
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=n_positions,
         block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
+        scale_embedding=model.scale_embedding,
         vocab_size=vocab.vocab_size, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         pad_token_id=vocab.pad_id, bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id,
     )  # fmt: skip

@@ -35,10 +35,15 @@ def paper_a_config(kind: str, standard_qk_dim: int | None = None, **fields):
 
 @dataclass
 class PaperBModelArguments(experiments.ModelArguments):
-    """The model fields both of Paper B's families have: its block and masks."""
+    """The model fields both of Paper B's families have: its block, masks and embedding scale."""
 
     block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
     attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
+    scale_embedding: bool = field(
+        default=False,
+        metadata={"help": "Token embeddings x sqrt(n_embd), as Vaswani et al. under sinusoidal positions; Paper B "
+                  "does not say (default: GPT-2's, unscaled)."},
+    )  # fmt: skip
 
 
 def parse_variant(variant: str) -> dict:

@@ -116,6 +116,7 @@ def model_config(variant: str, positions: str, model: ModelArguments, vocab_size
         **parse_variant(variant),
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=block_size,
         block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
+        scale_embedding=model.scale_embedding,
         vocab_size=vocab_size, bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
 
