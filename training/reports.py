@@ -36,7 +36,7 @@ FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
 PAPER_B_FORMAL = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
                   "formal_languages_check_paper_size")  # fmt: skip
-PAPER_B = (*PAPER_B_FORMAL, "wikitext_cpu")
+PAPER_B = (*PAPER_B_FORMAL, "wikitext_cpu", "wikitext_check_sinusoidal_scale")
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # a pair of runs per config of PAPER_B_FORMAL, with nothing else running
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
@@ -141,9 +141,9 @@ def formal_languages_checks_table() -> str:
     return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
 
 
-def wikitext_table() -> str:
+def wikitext_table(name: str) -> str:
     """WikiText-2 test perplexity per variant and position encoding, collapsed runs named and left out."""
-    results = load_results(DOCS / "wikitext_cpu")
+    results = load_results(DOCS / name)
     experiment = experiment_of(wikitext.ExperimentArguments, results)
     return wikitext.perplexity_section(results, experiment)
 
@@ -214,7 +214,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "paper-a-run-times": lambda: run_times_table(PAPER_A),
     "paper-b-run-times": lambda: run_times_table(PAPER_B),
     "paper-b-idle-run-times": lambda: idle_run_times_table(PAPER_B_FORMAL),
-    "wikitext": wikitext_table,
+    "wikitext": lambda: wikitext_table("wikitext_cpu"),
+    "wikitext-sinusoidal-check": lambda: wikitext_table("wikitext_check_sinusoidal_scale"),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "formal-languages": formal_languages_table,
