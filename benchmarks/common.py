@@ -110,6 +110,34 @@ def precision(device: str, dtype: str, sdpa_backend: str = "default") -> ExitSta
     return stack
 
 
+class Trainee:
+    """A model, its optimizer and a fixed batch: `step()` is one training step, the forward under `precision`."""
+
+    def __init__(self, model: PreTrainedModel, batch: dict, args):
+        self.model = model.to(args.device).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.batch = {name: tensor.to(args.device) for name, tensor in batch.items()}
+        self.precision = lambda: precision(args.device, args.dtype, args.sdpa_backend)
+
+    def step(self) -> None:
+        with self.precision():  # the backward runs the kernels the forward chose
+            loss = self.model(**self.batch).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def median_step_seconds(trainees: dict[str, Trainee], repeats: int, device: str) -> dict[str, float]:
+    """Median seconds per training step of every trainee, after a warm-up step each, timed in turns."""
+    for trainee in trainees.values():  # warm-up: allocator, compiled graphs
+        trainee.step()
+    times = {name: [] for name in trainees}
+    for _ in range(repeats):
+        for name, trainee in trainees.items():
+            times[name].append(timed(trainee.step, device))
+    return {name: median(seconds) for name, seconds in times.items()}
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()

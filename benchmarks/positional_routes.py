@@ -25,13 +25,12 @@ from benchmarks.common import (
     AUTOCAST_DTYPES,
     SDPA_BACKENDS,
     Shape,
+    Trainee,
     build_model,
     describe_machine,
-    median,
-    precision,
+    median_step_seconds,
     print_header,
     print_row,
-    timed,
 )
 from hf_attn.attention_hf_attn import shared_weights_pay_off
 from hf_attn.layers_hf_attn import HfAttnAttention
@@ -51,23 +50,6 @@ def language_model(route: str, length: int) -> PreTrainedModel:
     return build_model("positional", Shape(vocab_size=256, n_positions=length), positional_attention_impl=route)
 
 
-class Trainee:
-    """A model under one route, its optimizer and a fixed batch: `step()` is one training step."""
-
-    def __init__(self, model: PreTrainedModel, batch: dict, args: argparse.Namespace):
-        self.model = model.to(args.device).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.batch = {name: tensor.to(args.device) for name, tensor in batch.items()}
-        self.precision = lambda: precision(args.device, args.dtype, args.sdpa_backend)
-
-    def step(self) -> None:
-        with self.precision():  # the backward runs the kernels the forward chose
-            loss = self.model(**self.batch).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-
 def paper_a_batch(batch: int, generator: torch.Generator) -> dict:
     values = torch.rand(batch, PAPER_A_LENGTH, generator=generator)
     return dict(numeric_values=values, labels=values.cumsum(-1))
@@ -84,16 +66,6 @@ def auto_route(model: PreTrainedModel, batch: int, length: int) -> str:
     heads = attention.num_positional_heads
     shapes = (torch.empty(1, heads, length, 0), torch.empty(1, heads, length, 0), torch.empty(batch, heads, length, 0))
     return "shared_weights" if shared_weights_pay_off(*shapes) else "fused"
-
-
-def measure(trainees: dict[str, Trainee], repeats: int, device: str) -> dict[str, float]:
-    for trainee in trainees.values():  # warm-up
-        trainee.step()
-    times = {route: [] for route in trainees}
-    for _ in range(repeats):
-        for route, trainee in trainees.items():
-            times[route].append(timed(trainee.step, device))
-    return {route: median(seconds) for route, seconds in times.items()}
 
 
 def print_case(case: str, batch: int, length: int, seconds: dict[str, float], chosen: str) -> None:
@@ -143,14 +115,14 @@ def main(argv: list[str] | None = None) -> None:
         data = paper_a_batch(batch, generator)
         trainees = {route: Trainee(paper_a_model(route), data, args) for route in ROUTES}
         chosen = auto_route(trainees["auto"].model, batch, PAPER_A_LENGTH)
-        print_case("Paper A", batch, PAPER_A_LENGTH, measure(trainees, args.repeats, args.device), chosen)
+        print_case("Paper A", batch, PAPER_A_LENGTH, median_step_seconds(trainees, args.repeats, args.device), chosen)
     for length in args.lengths:
         batch = args.tokens_per_step // length
         torch.manual_seed(args.seed)
         data = language_batch(batch, length, generator)
         trainees = {route: Trainee(language_model(route, length), data, args) for route in ROUTES}
         chosen = auto_route(trainees["auto"].model, batch, length)
-        print_case("language model", batch, length, measure(trainees, args.repeats, args.device), chosen)
+        print_case("language model", batch, length, median_step_seconds(trainees, args.repeats, args.device), chosen)
 
 
 if __name__ == "__main__":

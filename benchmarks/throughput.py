@@ -33,17 +33,16 @@ from benchmarks.common import (
     MODELS,
     SDPA_BACKENDS,
     Shape,
+    Trainee,
     attempt,
     build_model,
     describe_machine,
     masked_local_attention,
-    median,
+    median_step_seconds,
     peak_rss_bytes,
-    precision,
     print_header,
     print_row,
     rss_bytes,
-    timed,
 )
 from hf_attn.attention_hf_attn import Visibility, local_attention
 
@@ -51,36 +50,20 @@ MIB = 2**20
 ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks.throughput` finds the package
 
 
-class Trainee:
-    """A model, its optimizer and a fixed random batch: `step()` is one training step."""
-
-    def __init__(self, name: str, shape: Shape, batch: int, length: int, args):
-        self.model = build_model(name, shape, args.device).train()
-        if args.compile and name != "gpt2":
-            self.model.compile(backend=args.compile_backend)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        generator = torch.Generator().manual_seed(args.seed)
-        self.input_ids = torch.randint(shape.vocab_size, (batch, length), generator=generator).to(args.device)
-        self.precision = lambda: precision(args.device, args.dtype, args.sdpa_backend)
-
-    def step(self) -> None:
-        with self.precision():  # the backward runs the kernels the forward chose
-            loss = self.model(input_ids=self.input_ids, labels=self.input_ids).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+def trainee(name: str, shape: Shape, batch: int, length: int, args) -> Trainee:
+    """Model `name` (compiled if asked) on a fixed random batch of token ids, its own labels."""
+    model = build_model(name, shape, args.device)
+    if args.compile and name != "gpt2":
+        model.compile(backend=args.compile_backend)
+    generator = torch.Generator().manual_seed(args.seed)
+    input_ids = torch.randint(shape.vocab_size, (batch, length), generator=generator)
+    return Trainee(model, dict(input_ids=input_ids, labels=input_ids), args)
 
 
 def measure_speed(names: list[str], shape: Shape, length: int, args) -> dict[str, float]:
     """Median seconds per training step of every model, timed in turns."""
-    trainees = {name: Trainee(name, shape, args.tokens_per_step // length, length, args) for name in names}
-    for trainee in trainees.values():  # warm-up: allocator, compiled graphs
-        trainee.step()
-    times = {name: [] for name in names}
-    for _ in range(args.repeats):
-        for name, trainee in trainees.items():
-            times[name].append(timed(trainee.step, args.device))
-    return {name: median(seconds) for name, seconds in times.items()}
+    trainees = {name: trainee(name, shape, args.tokens_per_step // length, length, args) for name in names}
+    return median_step_seconds(trainees, args.repeats, args.device)
 
 
 def peak_bytes_of(work, device: str) -> int:
@@ -101,8 +84,7 @@ def peak_bytes_of(work, device: str) -> int:
 
 def model_peak_memory(args, shape: Shape, name: str, length: int) -> int:
     """The first training step of model `name` at length T (it also creates AdamW's state)."""
-    trainee = Trainee(name, shape, args.tokens_per_step // length, length, args)
-    return peak_bytes_of(trainee.step, args.device)
+    return peak_bytes_of(trainee(name, shape, args.tokens_per_step // length, length, args).step, args.device)
 
 
 def layer_peak_memory(args, shape: Shape, length: int, masked: bool) -> int:
