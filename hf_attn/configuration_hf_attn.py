@@ -67,11 +67,12 @@ class HfAttnConfig(GPT2Config):
         zero biases and PyTorch's defaults for every other linear and embedding layer. Defaults to `"paper_a"` for
         the `"concat_mlp"` block, which has no residual stream to carry GPT-2's small-output init (its signal
         would shrink layer by layer until the model predicts a constant), and to `"gpt2"` otherwise.
-    scale_embedding (`bool`, *optional*, defaults to `False`):
-        Multiply token embeddings by sqrt(n_embd), as Vaswani et al. do under their sinusoidal positions (and
-        transformers' BART and XGLM under `scale_embedding`). GPT-2 does not: its learned positions are drawn as
-        small as its tokens. Fixed sinusoidal positions have amplitude 1, about 35 times a token embedding drawn
-        with std 0.02 at width 128, so without the scale the input starts as mostly position.
+    scale_embedding (`bool`, *optional*):
+        Multiply token embeddings by sqrt(n_embd). Defaults to True under `"sinusoidal"` positions, as Vaswani et
+        al. do (and transformers' Marian), and to False otherwise, as GPT-2 does: its learned positions are drawn
+        as small as its tokens. Fixed sinusoids have amplitude 1, about 35 times a token embedding drawn with std
+        0.02, so without the scale the input starts as mostly position (at CPU size, WikiText-2 runs then never
+        leave the unigram plateau). A config saved before this field existed loads unscaled, as it was trained.
     rope_theta (`float`, *optional*, defaults to 10000.0):
         Base of the rotary frequencies when `position_embedding_type="rope"`.
     numeric_inputs (`bool`, *optional*, defaults to `False`):
@@ -116,7 +117,7 @@ class HfAttnConfig(GPT2Config):
     content_qk_dim: int | None = None
     block_style: str = "gpt2"
     initialization: str | None = None
-    scale_embedding: bool = False
+    scale_embedding: bool | None = None
     rope_theta: float = 10000.0
     numeric_inputs: bool = False
     numeric_token_id: int | None = None
@@ -146,8 +147,18 @@ class HfAttnConfig(GPT2Config):
             self.content_qk_dim = self.n_embd // self.n_head
         if self.initialization is None:
             self.initialization = "paper_a" if self.block_style == "concat_mlp" else "gpt2"
+        if self.scale_embedding is None:
+            self.scale_embedding = self.position_embedding_type == "sinusoidal"
         super().__post_init__(**kwargs)
         self.validate()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """Also loads a config saved before `scale_embedding` existed (every saved config names its transformers
+        version; ours name the field since) as it was trained: unscaled, whatever its positions."""
+        if "transformers_version" in config_dict and "scale_embedding" not in config_dict:
+            config_dict = {**config_dict, "scale_embedding": False}
+        return super().from_dict(config_dict, **kwargs)
 
     def _check_shape(self):
         """Checks needed before a preset layout can be built (the rest is in `validate_*`)."""
@@ -174,6 +185,7 @@ class HfAttnConfig(GPT2Config):
         self.validate_head_layout()
         self.validate_local_window()
         self.validate_choices()
+        self.validate_flags()
         self.validate_positional_dims()
         self.validate_position_embedding()
         self.validate_numeric_inputs()
@@ -216,6 +228,12 @@ class HfAttnConfig(GPT2Config):
         ):
             if getattr(self, field) not in allowed:
                 raise _choice_error(field, getattr(self, field), allowed)
+
+    def validate_flags(self):
+        """A string such as "false" would otherwise be read as True."""
+        for field in ("attend_to_self", "is_causal", "scale_embedding", "numeric_inputs"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"`{field}` must be True or False, got {getattr(self, field)!r}.")
 
     def validate_positional_dims(self):
         natural = self.natural_positional_encoding_dim()

@@ -1,5 +1,7 @@
 """Presets, serialisation and refusal of every invalid field with a message that names it."""
 
+import json
+
 import pytest
 from conftest import MODEL_TYPES
 from transformers import AutoConfig
@@ -27,6 +29,34 @@ def test_query_key_width_and_initialization_defaults():
     assert paper_a.content_qk_dim == 64 and paper_a.initialization == "paper_a"  # no residual: Paper A's init
     chosen = hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8, block_style="concat_mlp", initialization="gpt2")
     assert chosen.initialization == "gpt2"
+
+
+@pytest.mark.parametrize(
+    "positions,scaled", [("sinusoidal", True), ("learned", False), ("rope", False), ("none", False)]
+)
+def test_token_embeddings_are_scaled_by_default_only_under_sinusoidal_positions(positions, scaled, tmp_path):
+    """Vaswani et al.'s sqrt(d_model) goes with their sinusoids; GPT-2 and RoPE add nothing that large. Either way an
+    explicit choice is kept, also through save and load."""
+    config = hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8, position_embedding_type=positions)
+    assert config.scale_embedding is scaled
+    chosen = hf_attn.HybridGPT2Config(
+        n_layer=1, n_head=2, n_embd=8, position_embedding_type=positions, scale_embedding=not scaled
+    )
+    chosen.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).scale_embedding is (not scaled)
+
+
+def test_a_config_saved_before_scale_embedding_existed_loads_unscaled(tmp_path):
+    """Such a model was trained unscaled; a fresh config without the field still takes the new default."""
+    config = hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8, position_embedding_type="sinusoidal")
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["scale_embedding"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert AutoConfig.from_pretrained(tmp_path).scale_embedding is False
+    assert AutoConfig.from_pretrained(tmp_path, scale_embedding=True).scale_embedding is True
+    del saved["transformers_version"]
+    assert hf_attn.HybridGPT2Config.from_dict(saved).scale_embedding is True
 
 
 def test_binary_encoding_width():
@@ -82,6 +112,9 @@ BAD_FIELDS = [
     ({"n_embd": 12, "n_head": 4, "position_embedding_type": "rope"}, "rope"),
     ({"numeric_token_id": 3}, "numeric_token_id"),
     ({"numeric_inputs": True, "numeric_token_id": 99}, "numeric_token_id"),
+    ({"scale_embedding": "false"}, "scale_embedding"),
+    ({"is_causal": 0}, "is_causal"),
+    ({"attend_to_self": "yes"}, "attend_to_self"),
 ]
 
 

@@ -265,7 +265,7 @@ def test_scale_embedding_multiplies_token_embeddings_by_the_square_root_of_the_w
     """Vaswani et al.'s scale: the scaled model on token ids is the unscaled one on embeddings x sqrt(n_embd)."""
     fields = dict(position_embedding_type="sinusoidal")
     scaled = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", **fields, scale_embedding=True)).eval()
-    plain = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", **fields)).eval()
+    plain = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", **fields, scale_embedding=False)).eval()
     plain.load_state_dict(scaled.state_dict())
     input_ids = torch.randint(3, 37, (2, 9))
     embeds = plain.transformer.wte(input_ids) * plain.config.n_embd**0.5

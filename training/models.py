@@ -39,10 +39,10 @@ class PaperBModelArguments(experiments.ModelArguments):
 
     block_style: str = field(default="post_ln", metadata={"help": "Block (Paper B: post_ln).", "choices": BLOCK_STYLES})
     attend_to_self: bool = field(default=False, metadata={"help": "Inclusive masks; Paper B's are strict."})
-    scale_embedding: bool = field(
-        default=False,
-        metadata={"help": "Token embeddings x sqrt(n_embd), as Vaswani et al. under sinusoidal positions; Paper B "
-                  "does not say (default: GPT-2's, unscaled)."},
+    scale_embedding: bool | None = field(
+        default=None,
+        metadata={"help": "Token embeddings x sqrt(n_embd). Default: as the encoding's source, Vaswani et al.'s "
+                  "scale under sinusoidal positions (Paper B's SiPE), none under the others (GPT-2)."},
     )  # fmt: skip
 
 
