@@ -88,8 +88,8 @@ def test_cells_aggregate_every_seed_and_learning_rate_as_paper_b():
 
 
 def test_settings_table_puts_each_settings_runs_of_a_cell_side_by_side():
-    def result(model, accuracy, longest):
-        return dict(language="ab_star", positions="none", model=model, learning_rate=1e-3, seed=0,
+    def result(model, accuracy, longest, positions="none"):
+        return dict(language="ab_star", positions=positions, model=model, learning_rate=1e-3, seed=0,
                     by_scale={"500": {"accuracy": accuracy}}, mean_accuracy=accuracy,
                     longest_perfect_length=longest)  # fmt: skip
 
@@ -102,6 +102,9 @@ def test_settings_table_puts_each_settings_runs_of_a_cell_side_by_side():
     assert lines[2] == "| ab_star / global | cannot | 0.500 (0.50-0.50) / 2 (max 2) / 0 of 1 | not run |"
     assert lines[3].startswith("| ab_star / hybrid-1 | can | 0.700 (0.70-0.70) / 92 (max 92) / 0 of 1 | 1.000")
     assert lines[3].endswith("/ 500 (max 500) / 1 of 1 |")
+    under_rope = {"scaled": [result("global", 0.9, 41, "rope"), result("global", 0.1, 0)]}
+    rope_row = formal.settings_table(under_rope, ["ab_star"], ["global"], positions="rope").splitlines()[2]
+    assert rope_row == "| ab_star / global | cannot | 0.900 (0.90-0.90) / 41 (max 41) / 0 of 1 |"
 
 
 @pytest.mark.parametrize(

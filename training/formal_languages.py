@@ -270,7 +270,7 @@ RECOGNISED_CLASSES = {"global": {"LTL[P]"}, "local": {"LTL[Y]"}, "hybrid": {"LTL
 
 
 def predicted_recognition(language: str, variant: str) -> bool | None:
-    """Paper B's theory: whether `variant`'s heads can recognise `language`, or None where it does not experiments.say.
+    """Paper B's theory: whether `variant`'s heads can recognise `language`, or None where it does not say.
 
     Global heads give LTL[P], 1-local heads LTL[Y], hybrid-1 LTL[P, Y]. A wider window gives LTL[Y<=k], weaker than
     LTL[Y] (1-local is the most expressive window): it still cannot do what 1-local cannot, but whether it keeps a
@@ -328,16 +328,18 @@ def encoding_tables(summaries: dict, variants: list[str], languages: list[str], 
     ])  # fmt: skip
 
 
-def settings_table(by_setting: dict[str, list[dict]], languages: list[str], variants: list[str]) -> str:
-    """The same (language, variant) cells trained under several settings (a column each, no position encoding),
-    beside Paper B's prediction: whether a disagreement goes away with longer training or a larger model."""
+def settings_table(
+    by_setting: dict[str, list[dict]], languages: list[str], variants: list[str], positions: str = "none"
+) -> str:
+    """The same (language, variant) cells under `positions` trained under several settings (a column each), beside
+    Paper B's prediction: e.g. whether a disagreement goes away with longer training or a larger model."""
     summaries = {setting: cell_summaries(results) for setting, results in by_setting.items()}
     verdicts = {True: "can", False: "cannot", None: "no guarantee"}
     cells = {}
     for language, variant in itertools.product(languages, variants):
         row = {"Paper B": verdicts[predicted_recognition(language, variant)]}
         for setting, summary in summaries.items():
-            stats = summary.get((language, "none", variant))
+            stats = summary.get((language, positions, variant))
             row[setting] = _cell(stats) if stats else "not run"
         cells[f"{language} / {variant}"] = row
     return grid_table(cells, "language / variant")
@@ -355,7 +357,12 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         "runs) / runs perfect at every test length."
     )
     overall = [f"# Formal-language recognition ({len(results)} runs)", legend]
-    variants, encodings, languages = experiment.variants, experiment.position_embeddings, experiment.languages
+
+    def with_runs(values: list, key: str) -> list:  # a folder may hold a subset of its commands' runs
+        return [value for value in values if any(result[key] == value for result in results)]
+
+    variants, languages = with_runs(experiment.variants, "model"), with_runs(experiment.languages, "language")
+    encodings = with_runs(experiment.position_embeddings, "positions")
     for language in languages:
         cells, accuracy = _grids(summaries, variants, encodings, lambda v, p, lang=language: (lang, p, v))
         sections = [f"# {language}: recognition accuracy by variant and position encoding", legend,

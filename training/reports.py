@@ -36,7 +36,11 @@ FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
 PAPER_B_FORMAL = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
                   "formal_languages_check_paper_size")  # fmt: skip
-PAPER_B = (*PAPER_B_FORMAL, "wikitext_cpu", "wikitext_check_sinusoidal_scale")
+SINUSOIDAL_UNSCALED = {
+    "formal": "formal_languages_check_sinusoidal_unscaled",
+    "wikitext": "wikitext_check_sinusoidal_unscaled",
+}  # before Vaswani et al.'s scale was default
+PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # a pair of runs per config of PAPER_B_FORMAL, with nothing else running
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
@@ -141,6 +145,15 @@ def formal_languages_checks_table() -> str:
     return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
 
 
+def formal_languages_sinusoidal_scale_table() -> str:
+    """The sinusoidal cells with token embeddings scaled by sqrt(n_embd) (the default) and unscaled, side by side."""
+    scaled = [r for r in load_results(DOCS / "formal_languages_positions_cpu") if r["positions"] == "sinusoidal"]
+    by_setting = {"x sqrt(n_embd) (the table's)": scaled,
+                  "unscaled": load_results(DOCS / SINUSOIDAL_UNSCALED["formal"])}  # fmt: skip
+    experiment = experiment_of(formal_languages.ExperimentArguments, scaled)
+    return formal_languages.settings_table(by_setting, experiment.languages, experiment.variants, "sinusoidal")
+
+
 def wikitext_table(name: str) -> str:
     """WikiText-2 test perplexity per variant and position encoding, collapsed runs named and left out."""
     results = load_results(DOCS / name)
@@ -215,12 +228,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "paper-b-run-times": lambda: run_times_table(PAPER_B),
     "paper-b-idle-run-times": lambda: idle_run_times_table(PAPER_B_FORMAL),
     "wikitext": lambda: wikitext_table("wikitext_cpu"),
-    "wikitext-sinusoidal-check": lambda: wikitext_table("wikitext_check_sinusoidal_scale"),
+    "wikitext-sinusoidal-check": lambda: wikitext_table(SINUSOIDAL_UNSCALED["wikitext"]),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "formal-languages": formal_languages_table,
     "formal-languages-positions": formal_languages_positions_table,
     "formal-languages-checks": formal_languages_checks_table,
+    "formal-languages-sinusoidal-scale": formal_languages_sinusoidal_scale_table,
 }
 
 
