@@ -69,10 +69,10 @@ class HfAttnConfig(GPT2Config):
         would shrink layer by layer until the model predicts a constant), and to `"gpt2"` otherwise.
     scale_embedding (`bool`, *optional*):
         Multiply token embeddings by sqrt(n_embd). Defaults to True under `"sinusoidal"` positions, as Vaswani et
-        al. do (and transformers' Marian), and to False otherwise, as GPT-2 does: its learned positions are drawn
-        as small as its tokens. Fixed sinusoids have amplitude 1, about 35 times a token embedding drawn with std
-        0.02, so without the scale the input starts as mostly position (at CPU size, WikiText-2 runs then never
-        leave the unigram plateau). A config saved before this field existed loads unscaled, as it was trained.
+        al. do, and to False otherwise, as GPT-2 does: its learned positions are drawn as small as its tokens.
+        Fixed sinusoids have amplitude 1, about 35 times a token embedding drawn with std 0.02, so without the
+        scale the input starts as mostly position (at CPU size, WikiText-2 runs then never leave the unigram
+        plateau). A config saved before this field existed loads unscaled, as it was trained.
     rope_theta (`float`, *optional*, defaults to 10000.0):
         Base of the rotary frequencies when `position_embedding_type="rope"`.
     numeric_inputs (`bool`, *optional*, defaults to `False`):
