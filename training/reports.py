@@ -42,7 +42,7 @@ SINUSOIDAL_UNSCALED = {
 }  # before Vaswani et al.'s scale was default
 PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
 PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
-IDLE_RUN_TIMES = "paper_b_idle_run_times"  # a pair of runs of each of these, with nothing else running
+IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
@@ -202,8 +202,8 @@ def run_times_table(names: tuple[str, ...]) -> str:
 
 
 def idle_run_times_table(names: tuple[str, ...]) -> str:
-    """Per config: a pair of its runs timed on an idle machine, and what all its runs would take at that pace, two
-    at a time as they were run."""
+    """Per config: its runs timed on an idle machine (two or more), and what all its runs would take at that pace,
+    two at a time as they were run."""
     lines = ["| config's runs | timed when idle | per run | load when they ended | all its runs at this pace |",
              "|---|---|---|---|---|"]  # fmt: skip
     for name in names:
