@@ -18,6 +18,7 @@ from hub_checks import check_hub_folder
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
+    AutoModelForCausalLM,
     AutoModelForTokenClassification,
     GPT2Config,
     GPT2LMHeadModel,
@@ -342,3 +343,23 @@ def test_a_run_shows_one_progress_bar_and_keeps_its_model_not_its_checkpoints(tm
         run = tmp_path / "cumulative_min" / model / "seed-0"
         assert (run / "results.json").is_file() and (run / "model" / "model.safetensors").is_file()
         assert not list(run.glob("checkpoint-*"))  # they served resume only
+
+
+def test_model_changes_name_what_the_saved_model_computes_differently(tmp_path):
+    """Saved with one config, compared with models built now: config fields that change what is computed are
+    named with both values; kernel choices and caching are not, and a folder without config.json has nothing."""
+    shape = dict(n_layer=1, n_embd=16, n_head=2, vocab_size=11, n_positions=16, local_window=1)
+
+    def model(**now) -> transformers.PreTrainedModel:
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model("hybrid_gpt2", **shape | now))
+
+    model().save_pretrained(tmp_path / "saved")
+    saved = tmp_path / "saved"
+    assert experiments.runs.model_changes(saved, model()) == []
+    kernels = model(local_attention_impl="compiled", positional_attention_impl="fused", use_cache=False)
+    assert experiments.runs.model_changes(saved, kernels) == []
+    assert experiments.runs.model_changes(saved, model(layer_norm_epsilon=1e-3, local_window=2)) == [
+        ("layer_norm_epsilon", 1e-5, 1e-3),
+        ("local_window", 1, 2),
+    ]
+    assert experiments.runs.model_changes(tmp_path, model(local_window=2)) == []  # no config.json there

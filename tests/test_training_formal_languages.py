@@ -9,6 +9,7 @@ from transformers import AutoModelForTokenClassification, TrainingArguments
 
 import training.formal_languages as formal
 from hf_attn.experiments import parse_config
+from hf_attn.experiments.runs import Run
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs/formal_languages/cpu.yaml")
@@ -152,6 +153,48 @@ def test_finished_runs_are_kept_and_new_test_lengths_evaluate_the_kept_model(tmp
     after, before = json.loads(results.read_text()), json.loads(before)
     assert set(after["by_scale"]) == {"10", "12", "14"} and after["train_loss"] == before["train_loss"]
     assert all(after["by_scale"][n] == before["by_scale"][n] for n in ("12", "14"))
+
+
+def forget_scale_embedding(record: Path, *keys: str) -> None:
+    """Makes a saved config or a run's record look written before `scale_embedding` existed."""
+    data = json.loads(record.read_text())
+    section = data
+    for key in keys:
+        section = section[key]
+    del section["scale_embedding"]
+    record.write_text(json.dumps(data))
+
+
+def test_a_model_saved_before_a_default_changed_is_not_loaded_as_another_model(tmp_path, monkeypatch, capsys):
+    """An unscaled sinusoidal run saved before `scale_embedding` existed: today's default would scale it. Its
+    settings cannot tell (they predate the field); its saved config can, so re-evaluating its kept model or resuming
+    its checkpoint is refused until the saved value is set, and then gives what the model gave when it was trained."""
+    monkeypatch.setattr(Run, "remove_checkpoints", lambda run: None)  # keeps checkpoint-2 for the resume below
+    run_args = ("--variants", "global", "--position_embeddings", "sinusoidal", "--save_strategy", "steps",
+                "--save_steps", "2", "--resume", "true")  # fmt: skip
+    tiny_run(tmp_path, *run_args, "--test_min_length", "12", "--scale_embedding", "false")
+    run = tmp_path / "ab_star" / "sinusoidal" / "lr-0.001" / "global" / "seed-0"
+    trained = json.loads((run / "results.json").read_text())
+    assert trained["config"]["model"]["scale_embedding"] is False
+    forget_scale_embedding(run / "results.json", "config", "model")
+    forget_scale_embedding(run / "model" / "config.json")
+    forget_scale_embedding(run / "checkpoint-2" / "config.json")
+
+    refused = r" holds another model than the one built now \(scale_embedding False -> True\)"
+    with pytest.raises(ValueError, match="model" + refused):  # new test lengths re-evaluate the kept model
+        tiny_run(tmp_path, *run_args, "--test_min_length", "10")
+    tiny_run(tmp_path, *run_args, "--test_min_length", "10", "--scale_embedding", "false")
+    assert "re-evaluating the kept model" in capsys.readouterr().out
+    reevaluated = json.loads((run / "results.json").read_text())
+    assert all(reevaluated["by_scale"][n] == trained["by_scale"][n] for n in ("12", "14"))
+
+    (run / "results.json").unlink()  # now an interrupted run, whose checkpoint-2 is its last
+    forget_scale_embedding(run / "settings.json", "model")
+    with pytest.raises(ValueError, match="checkpoint-2" + refused):
+        tiny_run(tmp_path, *run_args, "--test_min_length", "12")
+    tiny_run(tmp_path, *run_args, "--test_min_length", "12", "--scale_embedding", "false")
+    resumed = json.loads((run / "results.json").read_text())
+    assert resumed["by_scale"] == trained["by_scale"] and resumed["train_loss"] == trained["train_loss"]
 
 
 # Paper B (../shared/spec/papers.md): global = LTL[P], 1-local = LTL[Y], hybrid-1 = LTL[P, Y]; a window k > 1 is

@@ -21,10 +21,19 @@ from pathlib import Path
 import datasets
 import numpy as np
 from safetensors.torch import load_model
-from transformers import AutoConfig, Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers import (
+    AutoConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Trainer,
+    TrainerCallback,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import CONFIG_NAME
 from transformers.utils import logging as transformers_logging
 
 from ..hub import CardFacts, push_run, run_repo_id, write_model_card
@@ -41,6 +50,8 @@ TRAINING_FIELDS = ("learning_rate", "num_train_epochs", "max_steps", "per_device
                    "gradient_accumulation_steps", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
                    "seed")  # fmt: skip
 CardFactsOf = Callable[[dict], CardFacts]  # a run's results -> what its model card says (`Family.facts`)
+# Model config fields that do not change what a model computes: a resume or re-evaluation may change them.
+NOT_THE_MODEL = ("local_attention_impl", "positional_attention_impl", "use_cache")
 
 
 def _json_default(value):
@@ -145,17 +156,28 @@ class Run:
         if trainer.pop_callback(ProgressCallback) is not None:  # `disable_tqdm` off: one bar, for training
             trainer.add_callback(TrainingProgress)
         if self.finished:
+            self.refuse_another_model(self.model_folder, trainer.model)
             load_model(trainer.model, self.model_folder / "model.safetensors")
             recorded = self.read_results()
             return {name: recorded.get(name) for name in ("train_loss", "train_seconds", "loss_curve")}
         checkpoint = self.checkpoint_to_resume(resume)
-        if checkpoint is None and is_main_process():
+        if checkpoint is not None:
+            self.refuse_another_model(checkpoint, trainer.model)
+        elif is_main_process():
             self.folder.mkdir(parents=True, exist_ok=True)
             self.settings_file.write_text(json.dumps(self.settings, indent=2, default=_json_default))
         totals = RunTotals(trainer)
         trainer.add_callback(totals)
         output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         return totals.whole_run(output, trainer.state.global_step) | {"loss_curve": loss_curve(trainer.state)}
+
+    def refuse_another_model(self, saved: Path, model: PreTrainedModel) -> None:
+        """Its weights are loaded only into the model they were trained as (see `model_changes`)."""
+        if changes := model_changes(saved, model):
+            raise ValueError(
+                f"{saved} holds another model than the one built now ({describe(changes)}), as when a default has "
+                f"changed since it was saved: set these to the saved values, or delete {self.folder} to start it over"
+            )
 
     def write_results(self, results: dict, replace: bool = False) -> None:
         """Written atomically, so a crash never leaves a half-written file that counts as finished, and only once:
@@ -172,6 +194,18 @@ class Run:
 
     def read_results(self) -> dict:
         return json.loads(self.results_file.read_text())
+
+
+def model_changes(saved: Path, model: PreTrainedModel) -> list[tuple[str, object, object]]:
+    """(field, saved, now) for each model config field on which the model saved in `saved` (a checkpoint or a kept
+    model folder) differs from `model`. A run's settings record the arguments it was started with; this compares
+    what the code made of them, so that a changed default (as `scale_embedding`'s was) cannot continue or
+    re-evaluate a run as another model. Nothing to compare without a config.json (FSDP's sharded checkpoints)."""
+    if not (saved / CONFIG_NAME).is_file():
+        return []
+    before, now = AutoConfig.from_pretrained(saved).to_dict(), model.config.to_dict()
+    fields = (before.keys() & now.keys()) - PretrainedConfig().to_dict().keys() - set(NOT_THE_MODEL)
+    return sorted((name, before[name], now[name]) for name in fields if before[name] != now[name])
 
 
 def loss_curve(state: TrainerState) -> list[list[float]]:
@@ -350,7 +384,7 @@ def arguments_record(arguments) -> dict:
 def changed_settings(run: Run, arguments: RunArguments) -> list[tuple[str, object, object]]:
     """(field, recorded, now) for each setting that differs from what `run` was trained with. Fields that choose
     which runs to make (`arguments.run_fields`) are not a run's settings; fields recorded only on one side (a record
-    from before they were kept) cannot be compared."""
+    from before they were kept) cannot be compared; the saved model's config can (`model_changes`)."""
     recorded = run.recorded_settings() or {}
     current = json.loads(json.dumps(run.settings, default=str))
     changes = []
@@ -360,6 +394,11 @@ def changed_settings(run: Run, arguments: RunArguments) -> list[tuple[str, objec
             if name not in arguments.run_fields and before[name] != now[name]:
                 changes.append((name, before[name], now[name]))
     return sorted(changes)
+
+
+def describe(changes: list[tuple[str, object, object]]) -> str:
+    """`name before -> now, ...`, as refusals name what changed."""
+    return ", ".join(f"{name} {before!r} -> {now!r}" for name, before, now in changes)
 
 
 def training_changes(run: Run, arguments: RunArguments) -> list[tuple[str, object, object]]:
@@ -374,8 +413,7 @@ def claim_runs(output_dir: Path, runs: list[Run], arguments: RunArguments) -> No
     problems = []
     for run in runs:
         if changes := training_changes(run, arguments):
-            differences = ", ".join(f"{name} {before!r} -> {now!r}" for name, before, now in changes)
-            problems.append(f"{run.folder} was trained with other settings ({differences}): rerun with the "
+            problems.append(f"{run.folder} was trained with other settings ({describe(changes)}): rerun with the "
                             f"recorded values, or delete {run.folder} to start it over")  # fmt: skip
         elif run.finished and changed_settings(run, arguments):
             if problem := safetensors_problem(run.model_folder / "model.safetensors"):
