@@ -1,7 +1,9 @@
-"""training/reports.py: the committed reports and README tables are what the committed results give."""
+"""training/reports.py: the committed reports and the tables of README.md and docs/ are what the committed results
+give."""
 
 import filecmp
 import json
+import re
 import shutil
 
 import pytest
@@ -35,10 +37,26 @@ def test_publish_copies_results_without_weights_or_checkpoints(tmp_path, monkeyp
     assert not (copied / "positional" / "seed-0" / "checkpoint-4").exists()
 
 
-def test_readme_tables_are_the_committed_results():
-    readme = reports.README.read_text()
-    assert readme.count("<!-- generated: ") == len(reports.TABLES)
-    assert reports.splice_tables(readme) == readme, "run `python -m training.reports` and commit README.md"
+def test_every_table_is_generated_once_across_the_pages():
+    names = [name for page in reports.PAGES for name in re.findall(r"<!-- generated: (\S+) -->", page.read_text())]
+    assert sorted(names) == sorted(reports.TABLES)
+
+
+@pytest.mark.parametrize("page", reports.PAGES, ids=lambda page: page.name)
+def test_page_tables_are_the_committed_results(page):
+    text = page.read_text()
+    assert reports.splice_tables(text) == text, f"run `python -m training.reports` and commit {page.name}"
+
+
+def test_experiments_index_names_real_configs_and_results():
+    """Each published table's command names a shipped config, and its results folder is committed."""
+    for row in reports.EXPERIMENTS:
+        for config in row.configs:
+            assert (reports.ROOT / "configs" / config.split()[0]).is_file(), config
+        assert (reports.DOCS / row.results).is_dir(), row.results
+        assert (reports.ROOT / "training" / f"{row.script}.py").is_file(), row.script
+    published = {row.results for row in reports.EXPERIMENTS}
+    assert set(reports.PUBLISHED) <= published, "a published experiment is missing from the index"
 
 
 @pytest.mark.parametrize("name", reports.PUBLISHED)

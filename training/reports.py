@@ -1,11 +1,13 @@
-"""Every committed report and README table regenerated from the committed results, in one command.
+"""Every committed report and every table of the README and docs regenerated from the committed results, in one
+command.
 
     python -m training.reports
 
 `docs/results/NAME/` holds one CPU experiment's runs as results.json files (no weights: those stay in the run's
 `model/` folder under `outputs/`). For each folder this rewrites the family's reports (results.md and the plots),
-then every table of README.md between `<!-- generated: NAME -->` and `<!-- /generated -->` from the same files.
-Nothing trains. To publish a new run: copy its OUTPUT_DIR without `model/` and `checkpoint-*` folders (`--publish`).
+then every table of README.md and docs/*.md between `<!-- generated: NAME -->` and `<!-- /generated -->` from the
+same files. Nothing trains. To publish a new run: copy its OUTPUT_DIR without `model/` and `checkpoint-*` folders
+(`--publish`).
 """
 
 import argparse
@@ -13,7 +15,10 @@ import json
 import shutil
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from hf_attn.experiments import aggregate, collapse_summary, family_named, format_value, is_collapsed
 from hf_attn.experiments.arguments import experiment_of
@@ -29,7 +34,7 @@ from training import (  # noqa: F401  (each script registers its family)
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
-README = ROOT / "README.md"
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
 PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu")
 FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
                  "4x longer: 2,000 steps": "formal_languages_check_longer",
@@ -174,7 +179,7 @@ def gpt2_pretraining_text() -> str:
         f"{run['train_seconds'] / 60:.0f} minutes; on the {run['held_out_tokens']:,} held-out tokens its perplexity "
         f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above on fewer "
         "samples and at a larger learning rate (`configs/mixed/cpu.yaml` says how many, which and why). It has read "
-        "some English, and is far from the GPT-2 Paper A fine-tunes: its rows below are labelled as this substitute."
+        "some English, and is far from the GPT-2 Paper A fine-tunes: its rows in the mixed-task tables are labelled as this substitute."
     )
 
 
@@ -219,6 +224,84 @@ def idle_run_times_table(names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class PublishedTable:
+    """One published table: where it is shown, the command that makes it and the committed results it comes from."""
+
+    table: str  # what it shows, linked to the page that shows it
+    script: str  # the training module
+    configs: tuple[str, ...]  # under configs/, run one after the other
+    results: str  # under docs/results/
+    recorded_time: str = ""  # for results that record no training time
+
+
+EXPERIMENTS = (
+    PublishedTable("[quickstart](../README.md#quickstart-positional-attention-generalises-out-of-distribution)",
+                   "algorithmic", ("algorithmic/min_cpu.yaml",), "quickstart"),
+    PublishedTable("[algorithmic tasks](results_paper_a.md#algorithmic-tasks)", "algorithmic",
+                   ("algorithmic/cpu.yaml",), "algorithmic_cpu"),
+    PublishedTable("[offline GPT-2 baseline](results_paper_a.md#the-gpt-2-baseline)", "pretrain_gpt2",
+                   ("mixed/gpt2_pretrain_cpu.yaml",), "gpt2_pretraining"),
+    PublishedTable("[GPT-2's fine-tuning rate](results_paper_a.md#the-gpt-2-baseline)", "baseline_learning_rate",
+                   ("mixed/cpu.yaml --output_dir outputs/mixed_baseline_lr",), "gpt2_pretraining",
+                   "88 min, our tests running beside it (load about 4)"),
+    PublishedTable("[mixed text and numbers](results_paper_a.md#mixed-text-and-numbers)", "mixed",
+                   ("mixed/cpu.yaml",), "mixed_cpu"),
+    PublishedTable("[k-hop induction](results_paper_a.md#k-hop-induction-heads)", "induction",
+                   ("induction/cpu.yaml",), "induction_cpu"),
+    PublishedTable("[formal languages, main table](results_paper_b.md#formal-languages-the-main-table)",
+                   "formal_languages", ("formal_languages/cpu_table.yaml",), "formal_languages_table_cpu"),
+    PublishedTable("[formal languages, 4x longer](results_paper_b.md#formal-languages-training-or-model-size)",
+                   "formal_languages", ("formal_languages/cpu_check_longer.yaml",), "formal_languages_check_longer"),
+    PublishedTable("[formal languages, Paper B's size](results_paper_b.md#formal-languages-training-or-model-size)",
+                   "formal_languages", ("formal_languages/cpu_check_paper_size.yaml",),
+                   "formal_languages_check_paper_size"),
+    PublishedTable("[formal languages, position encodings](results_paper_b.md#formal-languages-position-encodings)",
+                   "formal_languages", ("formal_languages/cpu_positions.yaml",), "formal_languages_positions_cpu"),
+    PublishedTable("[formal languages, unscaled sinusoids](results_paper_b.md#formal-languages-the-embedding-scale)",
+                   "formal_languages", ("formal_languages/cpu_check_sinusoidal_unscaled.yaml",),
+                   SINUSOIDAL_UNSCALED["formal"]),
+    PublishedTable("[WikiText-2](results_paper_b.md#wikitext-2-reduced-protocol)", "wikitext",
+                   ("wikitext/cpu.yaml", "wikitext/cpu_positions.yaml"), "wikitext_cpu"),
+    PublishedTable("[WikiText-2, unscaled sinusoids](results_paper_b.md#wikitext-2-the-embedding-scale)",
+                   "wikitext", ("wikitext/cpu_check_sinusoidal_unscaled.yaml",), SINUSOIDAL_UNSCALED["wikitext"]),
+)  # fmt: skip
+
+
+def training_time(name: str) -> str:
+    """A config's training time on the 2-core machine: its pace when timed idle where it was, else what its published
+    runs took, with the load they ran under."""
+    results = load_results(DOCS / name) if (DOCS / name).is_dir() else []
+    if name in IDLE_TIMED:
+        timed = load_results(DOCS / IDLE_RUN_TIMES / name)
+        minutes = len(results) * statistics.mean(r["train_seconds"] for r in timed) / 2 / 60
+        return f"about {minutes:.0f} min as 2 one-thread processes (the pace of {len(timed)} runs timed idle)"
+    runs = results or [json.loads((DOCS / name / "results.json").read_text())]
+    load = statistics.median(r["machine"]["load_average"][0] for r in runs)
+    minutes = sum(r["train_seconds"] for r in runs) / 60
+    runs_counted = f"{len(runs)} runs" if len(runs) > 1 else "1 run"
+    return f"{minutes:.0f} min summed over {runs_counted} (median load {load:.1f} as they ended)"
+
+
+def output_folder(config: str) -> str:
+    """The folder a command writes: its `--output_dir` where it gives one, else its config file's."""
+    path, *flags = config.split()
+    if "--output_dir" in flags:
+        return flags[flags.index("--output_dir") + 1]
+    return yaml.safe_load((ROOT / "configs" / path).read_text())["output_dir"]
+
+
+def experiments_index() -> str:
+    """One line per published table: the command that makes it, its training time and where it writes."""
+    lines = ["| table | command | training time on 2 cores | output | committed results |", "|---|---|---|---|---|"]
+    for row in EXPERIMENTS:
+        commands = "; ".join(f"`python -m training.{row.script} configs/{config}`" for config in row.configs)
+        time = row.recorded_time or training_time(row.results)
+        results = f"[docs/results/{row.results}](results/{row.results})"
+        lines.append(f"| {row.table} | {commands} | {time} | `{output_folder(row.configs[0])}` | {results} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "quickstart": quickstart_table,
     "algorithmic": algorithmic_table,
@@ -232,6 +315,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "wikitext-sinusoidal-check": lambda: wikitext_table(SINUSOIDAL_UNSCALED["wikitext"]),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
+    "experiments-index": experiments_index,
     "formal-languages": formal_languages_table,
     "formal-languages-positions": formal_languages_positions_table,
     "formal-languages-checks": formal_languages_checks_table,
@@ -269,8 +353,9 @@ def main(argv: list[str] | None = None) -> None:
         publish(Path(output_dir), name)
     for name in PUBLISHED:
         write_family_reports(DOCS / name)
-    README.write_text(splice_tables(README.read_text()))
-    print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md")
+    for page in PAGES:
+        page.write_text(splice_tables(page.read_text()))
+    print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")
 
 
 if __name__ == "__main__":
