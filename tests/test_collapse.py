@@ -72,7 +72,8 @@ def test_collapsed_runs_are_listed_and_left_out_of_means_and_medians(tmp_path):
     results = [result("positional", 0, 0.01, False), result("positional", 1, 0.03, False),
                result("positional", 2, 0.8, True), result("standard", 0, 0.8, True)]  # fmt: skip
     summary = aggregate(results, "mse")
-    assert summary["positional"]["1"] == {"mean": pytest.approx(0.02), "median": pytest.approx(0.02), "runs": 2}
+    assert summary["positional"]["1"] == {"mean": pytest.approx(0.02), "median": pytest.approx(0.02), "min": 0.01,
+                                          "max": 0.03, "runs": 2}  # fmt: skip
     assert summary["standard"]["1"]["runs"] == 0 and math.isnan(summary["standard"]["1"]["mean"])  # all collapsed
     assert "| 1 | 0.020 | 0.020 | n/a | n/a |" in markdown_table(summary)
     report = write_report(tmp_path, "min: MSE", results, [("mse", "MSE", True)])

@@ -4,7 +4,10 @@ checkpoint, one progress bar per run, and a command line that says how to use it
 
 import dataclasses
 import json
+import logging
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import test_training_algorithmic
+import test_training_formal_languages
+import test_training_induction
+import test_training_mixed
+import test_training_wikitext
 import transformers
 from hub_checks import check_hub_folder
 from tqdm.auto import tqdm
@@ -34,7 +42,7 @@ import training.pretrain_gpt2 as pretrain_gpt2
 import training.wikitext as wikitext
 from hf_attn import experiments, load_metric
 from hf_attn.data import algorithmic_dataset
-from hf_attn.experiments import perplexity
+from hf_attn.experiments import perplexity, reports
 from hf_attn.experiments.processes import LOCK_FILE, lock_output_dir
 from hf_attn.hub import CardFacts
 
@@ -89,6 +97,28 @@ def test_an_empty_yaml_or_one_without_output_dir_is_refused(tmp_path, monkeypatc
     with pytest.raises(ValueError, match="output_dir is not set"):
         algorithmic.FAMILY.main([str(no_output)])
     assert not any(path.name != "empty.yaml" and path.name != "no_output.yaml" for path in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_script_run_without_arguments_asks_for_a_config_and_lists_the_shipped_ones(script, monkeypatch):
+    main, config = SCRIPTS[script]
+    monkeypatch.chdir(ROOT)  # the configs are then shown as `configs/FAMILY/NAME.yaml`
+    with pytest.raises(ValueError) as error:
+        main([])
+    folder = (ROOT / config).parent
+    # pretrain_gpt2's one config lies among the mixed family's
+    shipped = [config] if script == "pretrain_gpt2" else sorted(str(p.relative_to(ROOT)) for p in folder.glob("*.yaml"))
+    first, *items = str(error.value).splitlines()
+    assert first.startswith("a CONFIG.yaml is expected; usage: ") and "CONFIG.yaml [--field value ...]" in first
+    assert items == [f"  - {path}" for path in shipped]
+
+
+def test_the_command_line_without_arguments_names_the_configs_without_a_traceback():
+    command = [sys.executable, "-m", "training.wikitext"]
+    done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: a CONFIG.yaml is expected; usage: python -m training.wikitext CONFIG.yaml")
+    assert "  - configs/wikitext/cpu.yaml\n" in done.stderr and "output_dir" not in done.stderr
 
 
 # --- WikiText files ----------------------------------------------------------------------------------------------
@@ -363,3 +393,106 @@ def test_model_changes_name_what_the_saved_model_computes_differently(tmp_path):
         ("local_window", 1, 2),
     ]
     assert experiments.runs.model_changes(tmp_path, model(local_window=2)) == []  # no config.json there
+
+
+def test_a_run_shows_its_bar_and_ends_with_one_line_instead_of_every_log(tmp_path, capsys):
+    """Trainer's logs (a loss dict each `logging_steps`) are not written under the bar; one line ends the run."""
+    tiny_run(tmp_path / "bar", "--disable_tqdm", "false", "--logging_steps", "1")
+    printed = capsys.readouterr()
+    run = tmp_path / "bar" / "cumulative_min" / "positional" / "seed-0"
+    curve = json.loads((run / "results.json").read_text())["loss_curve"]
+    assert [step for step, _ in curve] == [4, 8]  # logged once an epoch, as the plateau schedule reads it
+    assert "'loss'" not in printed.out + printed.err and "'train_runtime'" not in printed.out + printed.err
+    assert "8/8 [" in printed.err  # the bar, to its end
+    done = re.findall(rf"{run}: done, final training loss (\S+) at step 8, mean \S+ over the run, \d+ s of training\n",
+                      printed.out)  # fmt: skip
+    assert done == [f"{curve[-1][1]:.4g}"]
+    tiny_run(tmp_path / "no_bar", "--disable_tqdm", "true")
+    printed = capsys.readouterr()
+    assert "8/8 [" not in printed.err and "seed-0: done, final training loss" in printed.out
+
+
+# --- runs shorter than logging_steps -------------------------------------------------------------------------------
+
+
+FEW_STEPS = ("--max_steps", "2", "--logging_steps", "5")  # Trainer logs no loss before step 5
+SHORT = (*FEW_STEPS, "--seeds", "0")
+
+
+def short_mixed_run(output_dir: Path) -> None:
+    """A tiny GPT-2 pretrained (training/pretrain_gpt2.py), then a mixed run of each kind of Trainer (the plateau one
+    and GPT-2's fine-tuning) with it as baseline, each in fewer steps than `logging_steps`."""
+    text = output_dir / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    lines = (SHARED / "wikitext-2-raw" / "wiki.valid.raw").read_text().splitlines(keepends=True)[:200]
+    (text / "wiki.valid.raw").write_text("".join(lines))
+    test_training_mixed.tiny_pretraining(output_dir / "gpt2", text, *FEW_STEPS)  # one run, no seeds
+    mixed.FAMILY.main([str(ROOT / "configs/mixed/cpu.yaml"), "--output_dir", str(output_dir / "mixed"),
+                       "--baseline_model", str(output_dir / "gpt2" / "model"), *test_training_mixed.TINY,
+                       "--models", "positional", "gpt2", "--scales", "1", *SHORT])  # fmt: skip
+
+
+SHORT_RUNS = {  # each family's tiny run, in 2 steps of fewer than logging_steps
+    "algorithmic": lambda out: test_training_algorithmic.tiny_run(out, "--models", "positional", *SHORT),
+    "induction": lambda out: test_training_induction.tiny_run(out, "--models", "positional", "--depths", "1",
+                                                               *SHORT),  # fmt: skip
+    "formal_languages": lambda out: test_training_formal_languages.tiny_run(out, "--variants", "global", *SHORT),
+    "wikitext": lambda out: wikitext.FAMILY.main([test_training_wikitext.CONFIG, "--output_dir", str(out),
+                                                  "--variants", "global", *test_training_wikitext.TINY, *SHORT]),
+    "mixed and pretrain_gpt2": short_mixed_run,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", SHORT_RUNS)
+def test_a_run_shorter_than_logging_steps_finishes_reports_and_reruns(tmp_path, family, capsys):
+    """Trainer logs no loss before `logging_steps`: the final step is logged all the same, so the loss curve and the
+    reports have a point, and the finished runs are kept by a rerun, which reports them again."""
+    SHORT_RUNS[family](tmp_path)
+    records = sorted(tmp_path.glob("**/results.json"))
+    assert len(records) == (3 if family.startswith("mixed") else 1)  # mixed: GPT-2 pretrained, then two models
+    before = {record: record.read_text() for record in records}
+    for record in records:
+        (step, loss), *others = json.loads(before[record])["loss_curve"]
+        assert step == 2 and 0 < loss < 20 and not others
+    reports = sorted(tmp_path.glob("**/results.md"))
+    assert reports and "Reports:" in capsys.readouterr().out
+    SHORT_RUNS[family](tmp_path)
+    printed = capsys.readouterr().out
+    assert "kept as it is" in printed and "Reports:" in printed
+    assert {record: record.read_text() for record in records} == before
+
+
+def test_a_report_that_fails_leaves_the_results_and_a_rerun_that_is_not_stuck(tmp_path, monkeypatch, caplog):
+    """A report is made from the finished runs' results.json: its failure is logged, the results kept, and a rerun
+    (which keeps the finished runs) writes the report once the cause is gone."""
+
+    def failing(*args):
+        raise IndexError("list index out of range")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(algorithmic, "write_task_reports", failing)
+        tiny_run(tmp_path)
+    results = tmp_path / "cumulative_min" / "positional" / "seed-0" / "results.json"
+    kept = results.read_text()
+    assert "the reports could not be written" in caplog.text and "IndexError" in caplog.text
+    assert not (tmp_path / "cumulative_min" / "results.md").exists()
+    tiny_run(tmp_path)
+    assert results.read_text() == kept and (tmp_path / "cumulative_min" / "results.md").is_file()
+
+
+def test_without_matplotlib_the_tables_are_written_and_the_plots_skipped_saying_so_once(tmp_path, monkeypatch, caplog):
+    """Every kind of plot (lines, bars, loss curves, heatmaps), from the committed results of three families."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    reports.plots_skipped.cache_clear()  # once a process: this test's is the first
+    for name in ("quickstart", "wikitext_cpu", "formal_languages_table_cpu"):
+        shutil.copytree(ROOT / "docs" / "results" / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("*.png", "results.md"))  # fmt: skip
+        results = experiments.runs.load_results(tmp_path / name)
+        family = experiments.family_named(results[0]["experiment"])
+        experiment = experiments.arguments.experiment_of(family.arguments, results)
+        with caplog.at_level(logging.WARNING):
+            family.write_reports(tmp_path / name, results, experiment)
+    assert not list(tmp_path.glob("**/*.png")) and len(list(tmp_path.glob("**/results.md"))) > 3
+    warnings = [record.getMessage() for record in caplog.records if record.name == reports.__name__]
+    assert len(warnings) == 1 and 'pip install matplotlib' in warnings[0]
+    reports.plots_skipped.cache_clear()

@@ -1,5 +1,6 @@
 """training/algorithmic.py end to end on tiny sizes: outputs, YAML configs, bad input, resume."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,7 +14,10 @@ import hf_attn.experiments
 import training.algorithmic as algorithmic
 from hf_attn.data import algorithmic_dataset
 from hf_attn.experiments import InMemoryDataset, parse_config
+from hf_attn.experiments.arguments import experiment_of
+from hf_attn.experiments.runs import load_results
 
+ROOT = Path(__file__).parents[1]
 CONFIGS = sorted(Path(__file__).parents[1].glob("configs/algorithmic/*.yaml"))
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
@@ -183,3 +187,35 @@ def test_plateau_trainer_builds_paper_a_optimisation_and_steps_it_once_an_epoch(
     epoch_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(epoch_losses) == 3 and scheduler.last_epoch == 3  # stepped on each epoch's training loss
     assert scheduler.best == min(epoch_losses)
+
+
+def test_quickstart_plots_key_the_median_band_the_runs_and_name_the_tolerance(tmp_path, monkeypatch):
+    """From the committed quickstart results (three seeds): the figures as drawn, before they are saved; and drawn
+    when every run collapsed."""
+    figures = {}
+    monkeypatch.setattr(hf_attn.experiments.reports, "save", lambda figure, path: figures.update({path.name: figure}))
+    results = load_results(ROOT / "docs" / "results" / "quickstart")
+    experiment = experiment_of(algorithmic.ExperimentArguments, results)
+    assert experiment.tolerance == 0.05
+    (tmp_path / "cumulative_min").mkdir()  # where the runs would be
+    for tolerance in (0.05, 0.2):  # the label is the runs' setting, not a constant
+        algorithmic.write_reports(tmp_path, results, dataclasses.replace(experiment, tolerance=tolerance))
+        accuracy = figures["accuracy.png"].axes[0]
+        assert f"within {tolerance:g} c of the target" in accuracy.get_ylabel().replace("\n", " ")
+        assert f"accuracy within {tolerance:g} c" in (tmp_path / "cumulative_min" / "results.md").read_text()
+    for name, metric in (("mse.png", "mse"), ("accuracy.png", "accuracy")):
+        axes = figures[name].axes[0]
+        legend = [text.get_text() for text in axes.get_legend().get_texts()]
+        assert legend == ["positional (mean)", "standard (mean)", "median", "lowest to highest run"]
+        for model, band in zip(("positional", "standard"), axes.collections, strict=True):
+            runs = [r["by_scale"][c][metric] for r in results if r["model"] == model for c in r["by_scale"]]
+            edges = band.get_paths()[0].vertices[:, 1]  # the band's outline: each c's lowest and highest run
+            assert min(edges) == pytest.approx(min(runs)) and max(edges) == pytest.approx(max(runs))
+    # Every run collapsed: no statistic, no band (one of NaN only would break the log-scaled MSE axis when drawn).
+    collapsed = [{**result, "collapse": {**result["collapse"], "collapsed": True}} for result in results]
+    algorithmic.write_reports(tmp_path, collapsed, experiment)
+    mse = figures["mse.png"]
+    mse.canvas.draw()
+    assert not mse.axes[0].collections and math.isnan(mse.axes[0].lines[0].get_ydata()[0])
+    plt = hf_attn.experiments.reports.pyplot()
+    plt.close("all")

@@ -21,7 +21,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 
 from hf_attn.data import mixed_dataset
 from hf_attn.experiments import cli, format_value, parse_config
-from training import mixed
+from training import CONFIGS, mixed
 
 VALIDATION_SEED = 3_000_000
 
@@ -46,8 +46,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     choice, experiment, _, training_args = parse_config(
-        (ChoiceArguments, mixed.ExperimentArguments, mixed.ModelArguments, TrainingArguments), argv
-    )
+        (ChoiceArguments, mixed.ExperimentArguments, mixed.ModelArguments, TrainingArguments), argv,
+        [CONFIGS / "mixed" / "cpu.yaml"],  # the mixed run whose GPT-2 learning rate it chooses
+    )  # fmt: skip
     validation = mixed_dataset(choice.validation_samples, choice.task, rendering="text", seed=VALIDATION_SEED)
     answers = np.asarray(validation["answer"])
     rows = []

@@ -52,6 +52,7 @@ from hf_attn.data.formal_languages import (
 )
 from hf_attn.experiments import grid_table, labelled_argmax, list_field, plot_heatmap
 from hf_attn.hub import CardFacts
+from training import CONFIGS
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
@@ -386,6 +387,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
 FAMILY = experiments.register(experiments.Family(
     name="formal_languages", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan,
     problems=problems, train=train_and_evaluate, card=card, write_reports=write_reports,
+    configs=CONFIGS / "formal_languages",
 ))  # fmt: skip
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.experiments import argmax_accuracy, collapse_check, input_blind_error_rate, list_field, write_report
 from hf_attn.hub import CardFacts
+from training import CONFIGS
 from training.models import PAPER_A_MODELS, paper_a_config
 
 METRICS = (  # (key, title, log scale); per-k accuracy in distribution is added by `report_metrics`
@@ -190,7 +191,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
 
 FAMILY = experiments.register(experiments.Family(
     name="induction", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
-    train=train_and_evaluate, card=card, write_reports=write_reports,
+    train=train_and_evaluate, card=card, write_reports=write_reports, configs=CONFIGS / "induction",
 ))  # fmt: skip
 
 if __name__ == "__main__":

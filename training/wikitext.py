@@ -42,6 +42,7 @@ from hf_attn.experiments import (
     unigram_nll,
 )
 from hf_attn.hub import CardFacts
+from training import CONFIGS
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
@@ -259,17 +260,24 @@ def perplexity_section(results: list[dict], experiment: ExperimentArguments) -> 
     return "\n\n".join([table, collapse_summary(by_encoding), ranking(results, experiment)])
 
 
+def loss_text(loss: float | None) -> str:
+    """A training loss to three decimals; `n/a` where a run has none (its checkpoint predates the totals)."""
+    return "n/a" if loss is None else f"{loss:.3f}"
+
+
 def runs_table(results: list[dict]) -> str:
     """A row per run: what the means hide (a seed that trained far worse, a run that sat on the unigram plateau)."""
     lines = ["| variant | positions | seed | test perplexity | training loss: mean, last logged | left the unigram "
              "plateau at step | training time |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sorted(results, key=lambda r: (r["positions"], r["model"], r["seed"])):
-        steps = r["loss_curve"][-1][0] if r["loss_curve"] else "n/a"
+        # A run from before the final step was always logged has no loss logged if it had fewer than logging_steps
+        steps, last = r["loss_curve"][-1] if r["loss_curve"] else ("n/a", None)
         left, perplexity = r["left_unigram_plateau_at"], r["by_scale"][r["model"]]["perplexity"]
+        minutes = "n/a" if r["train_seconds"] is None else f"{r['train_seconds'] / 60:.1f} min"
         lines.append(
             f"| {r['model']} | {r['positions']} | {r['seed']} | {perplexity_text(perplexity)}"
-            f" | {r['train_loss']:.3f}, {r['loss_curve'][-1][1]:.3f} | {'never' if left is None else left} of "
-            f"{steps} | {r['train_seconds'] / 60:.1f} min |"
+            f" | {loss_text(r['train_loss'])}, {loss_text(last)} | {'never' if left is None else left} of "
+            f"{steps} | {minutes} |"
         )
     return "\n".join(lines)
 
@@ -306,6 +314,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
 FAMILY = experiments.register(experiments.Family(
     name="wikitext", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
     train=train_and_evaluate, card=card, write_reports=write_reports, prepare=load_data,
+    configs=CONFIGS / "wikitext",
 ))  # fmt: skip
 
 if __name__ == "__main__":

@@ -142,15 +142,18 @@ def is_bool_word(value: str) -> bool:
     return True
 
 
-def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
+def parse_config(dataclass_types: tuple, argv: list[str] | None = None, shipped: Sequence[Path] = ()) -> tuple:
     """`script.py CONFIG.yaml [--field value ...]`: every field is checked by argparse, unknown keys are errors.
 
-    The YAML file is parsed on its own first, so that a problem in it names the file; then with the flags.
+    The YAML file is parsed on its own first, so that a problem in it names the file; then with the flags. Without
+    any argument, the usage and the `shipped` config files to start from are the error.
     """
     argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        raise ValueError(no_config(shipped))
     parser = ConfigParser(dataclass_types)
     yaml_argv = []
-    if argv and argv[0].endswith((".yaml", ".yml")):
+    if argv[0].endswith((".yaml", ".yml")):
         config_path, argv = Path(argv[0]), argv[1:]
         config = yaml_settings(config_path)
         fields = {field.name for dataclass_type in dataclass_types for field in dataclasses.fields(dataclass_type)}
@@ -174,6 +177,22 @@ def parse_config(dataclass_types: tuple, argv: list[str] | None = None) -> tuple
     if problems:
         raise ValueError("; ".join(problems))
     return tuple(parsed)
+
+
+def no_config(shipped: Sequence[Path]) -> str:
+    """What a script run without arguments says: a CONFIG.yaml is expected, and which ones come with it."""
+    usage = f"a CONFIG.yaml is expected; usage: {USAGE % {'prog': command_name()}} (--help lists every field)"
+    if not shipped:
+        return usage
+    return usage + ". Shipped configs:\n  - " + "\n  - ".join(map(shown_path, shipped))
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the working directory when under it (`configs/algorithmic/cpu.yaml`), else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 # --- problems, found before anything is built ----------------------------------------------------------------------

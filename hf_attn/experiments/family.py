@@ -12,6 +12,7 @@ what a run's model card says, and its reports. `Family.main` is then the script'
 import dataclasses
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from .arguments import (
 from .processes import is_main_process, say
 from .reports import report_files
 from .runs import Run, Trained, claim_runs, finish_run, load_results, run_all, run_config, runs_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Family:
       the reports' text.
     - `prepare(experiment, model_args)`: optional, once before any run trains (e.g. loading a dataset); its keyword
       arguments go to every `train`.
+    - `configs`: optional, the folder of its shipped CONFIG.yaml files, listed when the script is run without one.
     """
 
     name: str
@@ -70,6 +74,7 @@ class Family:
     card: Callable[..., CardFacts]
     write_reports: Callable[..., str]
     prepare: Callable[..., dict] | None = None
+    configs: Path | None = None
 
     def __post_init__(self):
         if not issubclass(self.arguments, RunArguments) or not issubclass(self.model_arguments, ModelArguments):
@@ -124,7 +129,8 @@ def family_named(name: str) -> Family:
 def run_experiment(family: Family, argv: list[str] | None = None) -> None:
     """The command of `family`'s script (see the module's docstring)."""
     types = (family.arguments, family.model_arguments, TrainingArguments)
-    experiment, model_args, training_args = parse_config(types, argv)
+    shipped = sorted(family.configs.glob("*.yaml")) if family.configs else []
+    experiment, model_args, training_args = parse_config(types, argv, shipped)
     invalid_configuration(family.problems(experiment, model_args, training_args))
     output_dir = Path(training_args.output_dir)
 
@@ -139,9 +145,22 @@ def run_experiment(family: Family, argv: list[str] | None = None) -> None:
         train = functools.partial(train_and_finish, family, group, arguments(group), prepared)
         run_all(runs, train, training_args, experiment, family.facts)
     if is_main_process():
-        results = load_results(output_dir)
+        report(family, output_dir)
+
+
+def report(family: Family, output_dir: Path) -> None:
+    """The family's reports over every run in OUTPUT_DIR, printed, and where they are. Every run is finished by now,
+    its results.json kept: a report that fails is logged, not raised, so that the command (and each rerun, which
+    keeps finished runs as they are) still ends well; once the cause is fixed, a rerun writes the reports."""
+    results = load_results(output_dir)
+    try:
         print(family.write_reports(output_dir, results, experiment_of(family.arguments, results)))
-        say("Reports:\n  " + "\n  ".join(report_files(output_dir)))
+    except Exception:
+        logger.exception(f"{output_dir}: the reports could not be written. Every run's results.json is kept: once "
+                         "the cause is fixed, rerun the same command to write them (finished runs are not trained "
+                         "again).")  # fmt: skip
+        return
+    say("Reports:\n  " + "\n  ".join(report_files(output_dir)))
 
 
 def train_and_finish(family: Family, group: Group, arguments: tuple, prepared: dict, run: Run) -> dict:

@@ -4,8 +4,11 @@ A collapsed run (see `metrics`) is named under its table and left out of the mea
 in. When every run has the same seed there is nothing to aggregate: the tables then show each run's value and say so.
 """
 
+import functools
+import logging
 import math
 import statistics
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -13,16 +16,21 @@ import numpy as np
 
 from .metrics import COLLAPSE_TOLERANCE, is_collapsed
 
+logger = logging.getLogger(__name__)
+
 REPORT_FILE = "results.md"
 SCALE_AXIS = "test range scale c (c = 1: training range)"
-Summary = dict[str, dict[str, dict[str, float]]]  # {model: {row (c, depth, variant): {"mean", "median", "runs"}}}
+# {model: {row (c, depth, variant): {"mean", "median", "min", "max", "runs"}}}
+Summary = dict[str, dict[str, dict[str, float]]]
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
+    """Mean, median, lowest and highest of the finite `values` (NaN without any), and how many runs there were."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
-        return {"mean": math.nan, "median": math.nan, "runs": len(values)}
-    return {"mean": statistics.fmean(finite), "median": statistics.median(finite), "runs": len(values)}
+        return {"mean": math.nan, "median": math.nan, "min": math.nan, "max": math.nan, "runs": len(values)}
+    return {"mean": statistics.fmean(finite), "median": statistics.median(finite), "min": min(finite),
+            "max": max(finite), "runs": len(values)}  # fmt: skip
 
 
 def aggregate(results: Iterable[dict], metric: str) -> Summary:
@@ -153,13 +161,24 @@ def report_files(output_dir: Path) -> list[str]:
 
 
 def pyplot():
-    """matplotlib's pyplot, drawing to files only (the `plots` extra)."""
-    import matplotlib
-
+    """matplotlib's pyplot, drawing to files only; None without matplotlib (the optional `plots` extra): every plot is
+    then skipped, saying so once, and the tables are written all the same."""
+    try:
+        import matplotlib
+    except ImportError:
+        plots_skipped()
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@functools.cache
+def plots_skipped() -> None:
+    """One warning per process, however many plots a report has."""
+    logger.warning('Plots skipped: matplotlib is not installed (pip install matplotlib, or in a checkout pip install '
+                   '-e ".[plots]"); the tables are written.')  # fmt: skip
 
 
 def save(figure, path: Path) -> None:
@@ -170,9 +189,12 @@ def save(figure, path: Path) -> None:
 
 def plot_metric(summary: Summary, path: Path, title: str, ylabel: str, log_scale: bool, xlabel: str = SCALE_AXIS,
                 one_seed: bool = False) -> None:  # fmt: skip
-    """Mean over seeds against the scale, one line per model (median as a dashed line of the same colour); with
-    `one_seed`, each run's value."""
-    figure, axes = pyplot().subplots(figsize=(6, 4))
+    """Mean over seeds against the scale, one line per model, its median dashed and a band of its colour from the
+    lowest to the highest run (collapsed runs left out, as in the tables); with `one_seed`, each run's value. The
+    legend names each model once by colour, and the median's and the band's styles once each, in grey."""
+    if (plt := pyplot()) is None:
+        return
+    figure, axes = plt.subplots(figsize=(6, 4))
     for model, by_scale in summary.items():
         scales = [s for s in row_order(summary) if s in by_scale]
         x = [float(s) for s in scales]
@@ -180,21 +202,35 @@ def plot_metric(summary: Summary, path: Path, title: str, ylabel: str, log_scale
         (line,) = axes.plot(x, [by_scale[s]["mean"] for s in scales], marker="o", label=label)
         if not one_seed:
             axes.plot(x, [by_scale[s]["median"] for s in scales], linestyle="--", color=line.get_color(), alpha=0.6)
+            low, high = [by_scale[s]["min"] for s in scales], [by_scale[s]["max"] for s in scales]
+            if any(map(math.isfinite, low)):  # a band of NaN only (every run collapsed) breaks a log-scaled axis
+                axes.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     if log_scale:
         axes.set_yscale("log")
     axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
+    axes.set_ylabel("\n".join(textwrap.wrap(ylabel, 40)))  # the axis is 4 inches high: long titles on two lines
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(handles=axes.get_legend_handles_labels()[0] + ([] if one_seed else style_keys()))
     save(figure, path)
+
+
+def style_keys() -> list:
+    """Legend entries for the median's dashes and the band of runs, in grey: one each, whatever the models."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    return [Line2D([], [], linestyle="--", color="grey", alpha=0.6, label="median"),
+            Patch(color="grey", alpha=0.15, linewidth=0, label="lowest to highest run")]  # fmt: skip
 
 
 def plot_bars(summary: Summary, path: Path, title: str, ylabel: str) -> None:
     """Grouped bars of the mean over seeds: one group per row (variant), one bar per model (column)."""
+    if (plt := pyplot()) is None:
+        return
     rows, models = row_order(summary), list(summary)
     width = 0.8 / len(models)
-    figure, axes = pyplot().subplots(figsize=(max(6, 0.9 * len(rows) * len(models)), 4))
+    figure, axes = plt.subplots(figsize=(max(6, 0.9 * len(rows) * len(models)), 4))
     for i, model in enumerate(models):
         means = [summary[model].get(row, {"mean": math.nan})["mean"] for row in rows]
         axes.bar([r + i * width for r in range(len(rows))], means, width, label=model)
@@ -212,8 +248,10 @@ def plot_loss_curves(
     """Training loss against step, a panel per key of `panels` (a position encoding) side by side on one y-axis: one
     colour per label (a variant, the same in every panel), one line per run (a seed). `plateau`, a loss drawn as a
     dashed line (e.g. the unigram model's), shows which runs were stuck on it and for how long."""
+    if (plt := pyplot()) is None:
+        return
     labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
-    figure, axes = pyplot().subplots(1, len(panels), figsize=(5 * len(panels) + 1, 4.5), sharey=True, squeeze=False)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 1, 4.5), sharey=True, squeeze=False)
     for axis, (panel, curves) in zip(axes[0], panels.items(), strict=True):
         for label, runs in curves.items():
             for run_index, curve in enumerate(runs):
@@ -234,10 +272,12 @@ def plot_loss_curves(
 def plot_heatmap(values: dict[str, dict[str, float]], path: Path, title: str, vmin: float = 0.0,
                  vmax: float = 1.0) -> None:  # fmt: skip
     """`values[row][column]` as an annotated heatmap (rows top to bottom, columns left to right); NaN left blank."""
+    if (plt := pyplot()) is None:
+        return
     rows = list(values)
     columns = list(dict.fromkeys(column for by_column in values.values() for column in by_column))
     grid = np.array([[values[row].get(column, math.nan) for column in columns] for row in rows], dtype=float)
-    figure, axes = pyplot().subplots(figsize=(max(4, 1.3 * len(columns) + 2), max(3, 0.5 * len(rows) + 1.5)))
+    figure, axes = plt.subplots(figsize=(max(4, 1.3 * len(columns) + 2), max(3, 0.5 * len(rows) + 1.5)))
     image = axes.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
         if math.isfinite(value):

@@ -168,6 +168,7 @@ class Run:
             self.settings_file.write_text(json.dumps(self.settings, indent=2, default=_json_default))
         totals = RunTotals(trainer)
         trainer.add_callback(totals)
+        trainer.add_callback(LogFinalStep)
         output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         return totals.whole_run(output, trainer.state.global_step) | {"loss_curve": loss_curve(trainer.state)}
 
@@ -209,9 +210,20 @@ def model_changes(saved: Path, model: PreTrainedModel) -> list[tuple[str, object
 
 
 def loss_curve(state: TrainerState) -> list[list[float]]:
-    """[step, logged training loss] of every log: Trainer keeps the log history in its checkpoints, so a resumed
-    run's curve starts at step 1 too. Shows whether a run was still learning or stuck on a plateau."""
+    """[step, logged training loss] of every log, the last at the final step (`LogFinalStep`): Trainer keeps the log
+    history in its checkpoints, so a resumed run's curve starts at step 1 too. Shows whether a run was still learning
+    or stuck on a plateau."""
     return [[entry["step"], entry["loss"]] for entry in state.log_history if "loss" in entry]
+
+
+class LogFinalStep(TrainerCallback):
+    """Trainer logs the loss at the final step too, not only every `logging_steps`: a run shorter than
+    `logging_steps` would otherwise log none, and the steps after the last multiple of it would be left out of the
+    curve. The entry is Trainer's own, the mean loss since its previous log, as every other point of the curve."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_log = True
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
@@ -279,9 +291,14 @@ class RunTotals(TrainerCallback, ExportableState):
 
 
 class TrainingProgress(ProgressCallback):
-    """Trainer's progress bar while training, and none for each `predict` call of the evaluation after it."""
+    """Trainer's progress bar while training, and none for each `predict` call of the evaluation after it. The logs
+    (a dict of loss, grad_norm, learning rate and epoch each `logging_steps`) are not written under the bar: it shows
+    the progress, and `run_all` ends each run with one line of its loss and time (`training_summary`)."""
 
     def on_prediction_step(self, args, state, control, **kwargs):
+        pass
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
         pass
 
 
@@ -447,7 +464,7 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training
                 results = train_and_evaluate(run)
             if is_main_process():
                 run.write_results(results, replace=finished)
-                say(f"{run.folder}: done")
+                say(f"{run.folder}: done{training_summary(results)}")
         if is_main_process():
             run.remove_checkpoints()  # also those a run killed after its results were written left behind
         if run in repo_ids and is_main_process():
@@ -458,6 +475,20 @@ def run_all(runs: list[Run], train_and_evaluate: Callable[[Run], dict], training
             say(f"{run.folder}: pushed to {url}")
         wait_for_everyone()  # the others wait while the main process writes and uploads, then all see it finished
     return [run.read_results() for run in runs]
+
+
+def training_summary(results: dict) -> str:
+    """What ends a run's `done` line, in place of Trainer's logs: `, final training loss L at step S, mean M over the
+    run, T s of training`, less what the run did not record (a checkpoint from before the totals were kept)."""
+    parts = []
+    if curve := results.get("loss_curve"):
+        step, loss = curve[-1]
+        parts.append(f"final training loss {loss:.4g} at step {step}")
+    if (mean := results.get("train_loss")) is not None:
+        parts.append(f"mean {mean:.4g} over the run")
+    if (seconds := results.get("train_seconds")) is not None:
+        parts.append(f"{seconds:.0f} s of training")
+    return "".join(f", {part}" for part in parts)
 
 
 def repo_id(run: Run, training_args: TrainingArguments) -> str:
