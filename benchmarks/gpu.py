@@ -1,6 +1,7 @@
 """Every benchmark at GPU sizes in one run that fits a time budget: the figures for the README's GPU section.
 
-    python -m benchmarks.gpu            # on CUDA, 7 minutes at most; appends to $OUT/gpu_benchmark.md (or ./)
+    python -m benchmarks.gpu            # on CUDA, 7 minutes at most; appends to $OUT/gpu_benchmark.md
+                                        # (without $OUT: outputs/benchmarks/gpu_benchmark.md, git-ignored)
     python -m benchmarks.gpu --steps decode-long compiled-local-1-train    # a subset, e.g. what was skipped
     python -m benchmarks.gpu --dry-run  # the plan: each step's command and estimate, every command line parsed
     python -m benchmarks.gpu --tiny     # the same steps at tiny sizes on CPU: every code path in a few minutes
@@ -167,12 +168,19 @@ def print_run_header(sizes: Sizes, args: argparse.Namespace) -> None:
     print(f"- `python -m benchmarks.gpu {shlex.join(args.argv)}`, budget {args.budget_seconds:.0f} s", flush=True)
 
 
+def default_output() -> str:
+    """In $OUT where the GPU device tool sets it (it brings back what is written there); otherwise under the
+    git-ignored `outputs/`, so a run leaves the working tree clean."""
+    return os.path.join(os.environ.get("OUT") or os.path.join("outputs", "benchmarks"), "gpu_benchmark.md")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--output", default=os.path.join(os.environ.get("OUT", "."), "gpu_benchmark.md"),
-                        help="Markdown file the results are appended to (default: in $OUT if set)")  # fmt: skip
+    parser.add_argument("--output", default=default_output(),
+                        help="Markdown file the results are appended to (default: in $OUT if set, else in "
+                             "outputs/benchmarks/)")  # fmt: skip
     parser.add_argument("--budget-seconds", type=float, default=420, help="wall-clock time the steps must fit in")
     parser.add_argument("--steps", nargs="+", choices=STEP_NAMES, default=STEP_NAMES, metavar="STEP",
                         help=f"which to run, in the plan's order, from {STEP_NAMES}")  # fmt: skip
@@ -192,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         dry_run(steps)
         return
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    print(f"appending results to {args.output}", flush=True)
     with open(args.output, "a", encoding="utf-8") as file, redirect_stdout(Tee(sys.stdout, file)):
         print_run_header(sizes, args)
         started = time.monotonic()

@@ -4,9 +4,12 @@ Every attention head is of one of the kinds in `head_kinds_hf_attn.HEAD_KINDS` (
 The three model types differ only in `model_type` and in the layout they build when `head_layout` is not given.
 """
 
+import dataclasses
+import difflib
+import functools
 import math
 
-from transformers import GPT2Config
+from transformers import GenerationConfig, GPT2Config
 from transformers.utils import logging
 
 from .head_kinds_hf_attn import HEAD_KINDS
@@ -17,6 +20,25 @@ POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
 BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
 INITIALIZATIONS = ("gpt2", "paper_a")
+# Keys other than fields that transformers itself passes to a config's `__post_init__`: never a user's typo.
+# (Generation parameters are added in `_transformers_keys`.)
+TRANSFORMERS_KEYS = frozenset(
+    # written by `to_dict` / `save_pretrained` beside the fields, or consumed by transformers' `__post_init__`
+    "model_type auto_map torch_dtype _name_or_path name_or_path _commit_hash num_labels output_attentions "
+    "attn_implementation experts_implementation per_layer_config quantization_config "
+    "_attn_implementation_internal _experts_implementation_internal _attn_implementation_autoset "
+    # GPT-2's legacy alias of `n_positions`, and transformers 4.x attributes that config.json files saved then hold
+    "n_ctx task_specific_params is_decoder torchscript use_bfloat16 tf_legacy_loss pruned_heads "
+    "cross_attention_hidden_size tie_encoder_decoder finetuning_task tokenizer_class prefix sep_token_id "
+    "gradient_checkpointing".split()
+)
+
+
+@functools.cache
+def _transformers_keys() -> frozenset[str]:
+    """`TRANSFORMERS_KEYS` plus the generation parameters that older config.json files hold (transformers drops them
+    from the config)."""
+    return TRANSFORMERS_KEYS | set(GenerationConfig().to_dict())
 
 
 def _choice_error(field: str, value, allowed) -> ValueError:
@@ -127,6 +149,7 @@ class HfAttnConfig(GPT2Config):
     default_attend_to_self = False
 
     def __post_init__(self, **kwargs):
+        self._warn_unknown_keys(kwargs)
         if self.local_attention_impl == "masked":  # saved by older versions: same attention, slower route
             logger.warning(
                 "`local_attention_impl`='masked' is no longer offered (SDPA over a full T x T band mask, now only a "
@@ -159,6 +182,25 @@ class HfAttnConfig(GPT2Config):
         if "transformers_version" in config_dict and "scale_embedding" not in config_dict:
             config_dict = {**config_dict, "scale_embedding": False}
         return super().from_dict(config_dict, **kwargs)
+
+    @staticmethod
+    def _known_fields() -> set[str]:
+        """Fields of every hf_attn config type (GPT-2's and transformers' included) and their `attribute_map` aliases:
+        a key valid for one of our types is no typo in another."""
+        configs = [HfAttnConfig, *HfAttnConfig.__subclasses__()]
+        fields = {field.name for config in configs for field in dataclasses.fields(config)}
+        return fields | {alias for config in configs for alias in config.attribute_map}
+
+    def _warn_unknown_keys(self, kwargs: dict):
+        """transformers keeps any unknown key as an attribute that nothing reads, so a misspelt field would silently
+        leave its default in place."""
+        known = self._known_fields()
+        for key in sorted(kwargs.keys() - known - _transformers_keys()):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            logger.warning(
+                f"{self.model_type} config: unknown field {key!r} (kept as an attribute, ignored by the model){hint}"
+            )
 
     def _check_shape(self):
         """Checks needed before a preset layout can be built (the rest is in `validate_*`)."""

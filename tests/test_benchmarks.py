@@ -22,11 +22,13 @@ CONTEXTS = (16, 32)
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--vocab-size", "100"]
 
 
-def run_benchmark(module: str, *args: str) -> subprocess.CompletedProcess:
-    """`python -m benchmarks.<module> ...` from the repository root, as the README runs it."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+def run_benchmark(module: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python -m benchmarks.<module> ...` from the repository root, as the README runs it (or from `cwd`), without
+    the $OUT that the GPU device tool sets."""
+    env = {key: value for key, value in os.environ.items() if key != "OUT"}
+    env |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *args], cwd=ROOT, capture_output=True, text=True, env=env,
+        [sys.executable, "-m", f"benchmarks.{module}", *args], cwd=cwd, capture_output=True, text=True, env=env,
         timeout=300, check=False,
     )  # fmt: skip
 
@@ -214,10 +216,21 @@ def test_gpu_runner_refuses_to_run_without_cuda():
         gpu.parse_args([])
 
 
+def test_gpu_runner_writes_to_out_when_set_and_under_the_ignored_outputs_folder_otherwise(monkeypatch):
+    monkeypatch.setenv("OUT", "/device/out")
+    assert gpu.default_output() == "/device/out/gpu_benchmark.md"
+    monkeypatch.delenv("OUT")
+    assert gpu.default_output() == os.path.join("outputs", "benchmarks", "gpu_benchmark.md")
+
+
 def test_gpu_runner_tiny_run_writes_every_step_and_a_zero_budget_skips_them(tmp_path):
-    output = tmp_path / "gpu_benchmark.md"
-    result = run_benchmark("gpu", "--tiny", "--output", str(output))
+    """Run as a new user does, without $OUT: the results go under `outputs/` (git-ignored) and nowhere else."""
+    result = run_benchmark("gpu", "--tiny", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    output = tmp_path / "outputs" / "benchmarks" / "gpu_benchmark.md"
+    assert [path for path in tmp_path.rglob("*") if path.is_file()] == [output]
+    assert "/outputs/" in (ROOT / ".gitignore").read_text().splitlines()
+    assert f"results appended to {os.path.join('outputs', 'benchmarks', 'gpu_benchmark.md')}" in result.stdout
     written = output.read_text()
     sections = written.split("\n## ")[1:]
     assert [section.split("\n")[0] for section in sections] == gpu.STEP_NAMES

@@ -1,10 +1,11 @@
 """Presets, serialisation and refusal of every invalid field with a message that names it."""
 
 import json
+import logging
 
 import pytest
-from conftest import MODEL_TYPES
-from transformers import AutoConfig
+from conftest import MODEL_TYPES, tiny_config
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
 import hf_attn
 
@@ -83,6 +84,70 @@ def test_layout_and_fields_survive_json(model_type, tmp_path):
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert type(loaded) is type(config) and loaded.head_layout == layout
     assert (loaded.local_window, loaded.is_causal, loaded.block_style) == (3, False, "concat_mlp")
+
+
+TYPO_WARNING = (
+    "hybrid_gpt2 config: unknown field 'local_windw' (kept as an attribute, ignored by the model); "
+    "did you mean 'local_window'?"
+)
+
+
+def unknown_field_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "unknown field" in record.getMessage()]
+
+
+def test_a_misspelt_field_warns_naming_the_closest_one_however_the_config_is_built(tmp_path, caplog):
+    """transformers keeps the typo as an attribute and the model runs with the default (`local_window=1`)."""
+    hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "local_windw": 2}))
+    builds = [
+        lambda: AutoConfig.for_model("hybrid_gpt2", local_windw=2),
+        lambda: hf_attn.HybridGPT2Config(local_windw=2),
+        lambda: hf_attn.HybridGPT2Config.from_dict({**saved, "local_windw": 2}),
+        lambda: AutoConfig.from_pretrained(tmp_path),
+    ]
+    for build in builds:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_attn"):
+            config = build()
+        assert config.local_window == 1 and unknown_field_warnings(caplog) == [TYPO_WARNING]
+
+
+def test_an_unrelated_unknown_key_warns_without_a_suggestion(caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_attn"):
+        AutoConfig.for_model("local_gpt2", zebra_count=3)
+    assert unknown_field_warnings(caplog) == [
+        "local_gpt2 config: unknown field 'zebra_count' (kept as an attribute, ignored by the model)."
+    ]
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_saved_configs_and_models_load_without_unknown_field_warnings(model_type, tmp_path, caplog):
+    """Round trips carry keys transformers writes itself (`transformers_version`, `architectures`, `dtype`,
+    `auto_map`, `output_attentions`, `_name_or_path`) and fields of the other types (`num_local_heads`)."""
+    with caplog.at_level(logging.WARNING, logger="hf_attn"):
+        config = tiny_config(model_type)
+        config.save_pretrained(tmp_path / "config")
+        AutoConfig.from_pretrained(tmp_path / "config")
+        type(config).from_dict(config.to_dict())
+        type(config).from_dict(hf_attn.HybridGPT2Config(n_layer=1, n_head=2, n_embd=8).to_dict())
+        model = AutoModelForCausalLM.from_config(config)
+        hf_attn.enable_remote_code(model)
+        model.save_pretrained(tmp_path / "model")
+        AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert "auto_map" in json.loads((tmp_path / "model" / "config.json").read_text())
+    assert unknown_field_warnings(caplog) == []
+
+
+def test_gpt2_keywords_do_not_warn(caplog):
+    """GPT-2's fields and legacy `n_ctx`, generation parameters and what else a GPT-2 config.json holds."""
+    gpt2 = {key: value for key, value in GPT2Config(n_layer=1).to_dict().items() if key != "model_type"}
+    with caplog.at_level(logging.WARNING, logger="hf_attn"):
+        AutoConfig.for_model("hybrid_gpt2", n_layer=2, n_embd=16, n_head=2, resid_pdrop=0.0, n_ctx=64)
+        AutoConfig.for_model("local_gpt2", task_specific_params={"text-generation": {"do_sample": True}})
+        AutoConfig.for_model("local_gpt2", **gpt2, max_length=50, do_sample=True)
+    assert unknown_field_warnings(caplog) == []
 
 
 BAD_FIELDS = [
