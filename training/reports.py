@@ -179,7 +179,8 @@ def gpt2_pretraining_text() -> str:
         f"{run['train_seconds'] / 60:.0f} minutes; on the {run['held_out_tokens']:,} held-out tokens its perplexity "
         f"is {run['held_out_perplexity']:.0f}. The mixed-task script then fine-tunes it with the recipe above on fewer "
         "samples and at a larger learning rate (`configs/mixed/cpu.yaml` says how many, which and why). It has read "
-        "some English, and is far from the GPT-2 Paper A fine-tunes: its rows in the mixed-task tables are labelled as this substitute."
+        "some English, and is far from the GPT-2 Paper A fine-tunes: its rows in the mixed-task tables are labelled "
+        "as this substitute."
     )
 
 
