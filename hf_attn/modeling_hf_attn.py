@@ -6,6 +6,7 @@ position encoding, numeric inputs, positions counted over real tokens, and the c
 """
 
 import os
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import torch
@@ -42,6 +43,14 @@ PUSH_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", 
                   "tags")  # fmt: skip
 
 
+class RemoteCodeQuery:
+    """`is_remote_code()` asked of a model answers for that model, asked of a class for the class. transformers asks
+    both (the class when loading, the model when saving); `enable_remote_code` marks one model, not its class."""
+
+    def __get__(self, model, model_class) -> Callable[[], bool]:
+        return lambda: (model_class if model is None else model)._auto_class is not None
+
+
 class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
@@ -55,6 +64,8 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
         # Only this model's block class: FSDP's default wrapping (and `device_map`) fail on a listed class it lacks.
         self._no_split_modules = [BLOCKS[config.block_style].__name__]
+
+    is_remote_code = RemoteCodeQuery()
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
         """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md.
@@ -616,10 +627,11 @@ def enable_remote_code(model: HfAttnPreTrainedModel) -> None:
     """Make `save_pretrained` / `push_to_hub` export this code with a full `auto_map`.
 
     transformers' `register_for_auto_class` maps only one Auto class; with the full map every Auto class loads
-    the checkpoint with `trust_remote_code=True` where hf_attn is not installed.
+    the checkpoint with `trust_remote_code=True` where hf_attn is not installed. It also marks the whole class, so
+    every later model of it would export its code: this marks `model` alone (see `is_remote_code`).
     """
     config_class = type(model.config)
-    model.register_for_auto_class(next(a for a, c in MODEL_CLASSES[config_class].items() if isinstance(model, c)))
+    model._auto_class = next(a for a, c in MODEL_CLASSES[config_class].items() if isinstance(model, c))
     model.config.auto_map = {
         "AutoConfig": f"configuration_hf_attn.{config_class.__name__}",
         **{auto: f"modeling_hf_attn.{cls.__name__}" for auto, cls in MODEL_CLASSES[config_class].items()},

@@ -108,6 +108,20 @@ REMOTE_SCRIPT = textwrap.dedent(
 )
 
 
+def test_remote_code_is_enabled_for_one_model_not_its_class(tmp_path):
+    """transformers' `register_for_auto_class` marks the class: every later model of it would save its code."""
+    shared = AutoModelForCausalLM.from_config(tiny_config("local_gpt2"))
+    other = AutoModelForCausalLM.from_config(tiny_config("local_gpt2"))
+    assert type(shared) is type(other)
+    hf_attn.enable_remote_code(shared)
+    shared.save_pretrained(tmp_path / "remote")
+    other.save_pretrained(tmp_path / "plain")
+    assert HF_ATTN_CODE <= set(os.listdir(tmp_path / "remote"))
+    assert not HF_ATTN_CODE & set(os.listdir(tmp_path / "plain"))
+    assert "auto_map" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert shared.is_remote_code() and not other.is_remote_code() and type(other)._auto_class is None
+
+
 def test_remote_code_loads_in_a_process_without_hf_attn(tmp_path):
     config = tiny_config("hybrid_gpt2", eos_token_id=None, head_layout=UNGROUPED_LAYOUT)
     model = AutoModelForCausalLM.from_config(config).eval()
