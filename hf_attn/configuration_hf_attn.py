@@ -279,12 +279,15 @@ class HfAttnConfig(GPT2Config):
 
     def validate_positional_dims(self):
         natural = self.natural_positional_encoding_dim()
-        if self.positional_encoding in ("onehot", "binary") and self.positional_encoding_dim != natural:
+        fixed = self.positional_encoding in ("onehot", "binary")
+        # Only a model with positional heads builds P from n_positions: without them, changing n_positions after the
+        # config was made leaves nothing out of step.
+        if fixed and self.uses_positional_heads and self.positional_encoding_dim != natural:
             raise ValueError(
                 f"`positional_encoding_dim` is fixed to {natural} by `positional_encoding`="
                 f"{self.positional_encoding!r}, got {self.positional_encoding_dim}."
             )
-        for field in ("positional_encoding_dim", "positional_qk_dim", "content_qk_dim"):
+        for field in ("positional_encoding_dim", "positional_qk_dim"):
             if getattr(self, field) < 1:
                 raise ValueError(f"`{field}` must be >= 1, got {getattr(self, field)}.")
         if self.positional_encoding == "sinusoidal" and self.positional_encoding_dim % 2:
@@ -293,6 +296,8 @@ class HfAttnConfig(GPT2Config):
             )
 
     def validate_position_embedding(self):
+        if self.content_qk_dim < 1:
+            raise ValueError(f"`content_qk_dim` must be >= 1, got {self.content_qk_dim}.")
         if self.position_embedding_type == "rope" and self.content_qk_dim % 2:
             raise ValueError(
                 "`position_embedding_type`='rope' needs an even query/key width (`content_qk_dim`, by default "

@@ -300,6 +300,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             positional_encoding=getattr(self, "wpp", None), rotary=rotary,
         )  # fmt: skip
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -419,6 +420,7 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
             numeric_values,
             numeric_mask,
             use_cache,
+            return_dict=True,  # the head reads fields; its own `return_dict` decides what it returns
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -494,6 +496,7 @@ class HfAttnForSequenceClassification(HfAttnPreTrainedModel):
             numeric_values,
             numeric_mask,
             use_cache,
+            return_dict=True,
             **kwargs,
         )
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
@@ -540,8 +543,9 @@ class HfAttnForTokenClassification(HfAttnPreTrainedModel):
         **kwargs,
     ) -> TokenClassifierOutput:
         outputs = self.transformer(
-            input_ids, None, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, False, **kwargs
-        )
+            input_ids, None, attention_mask, position_ids, inputs_embeds, numeric_values, numeric_mask, False,
+            return_dict=True, **kwargs,
+        )  # fmt: skip
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
         loss = None
         if labels is not None and self.config.problem_type == "regression":

@@ -272,3 +272,22 @@ def test_scale_embedding_multiplies_token_embeddings_by_the_square_root_of_the_w
     with torch.no_grad():
         torch.testing.assert_close(scaled(input_ids).logits, plain(inputs_embeds=embeds).logits)
         assert not torch.allclose(scaled(input_ids).logits, plain(input_ids).logits)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_return_dict_false_gives_tuples_as_gpt2_does(model_type):
+    """`model(ids, return_dict=False)[0]` is the base model's hidden states and the heads' logits, as for GPT-2; a
+    config with `return_dict=False` makes every class return tuples."""
+    from transformers import AutoModel, GPT2Model
+
+    input_ids = torch.randint(3, 37, (2, 5))
+    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=37)).eval()
+    assert isinstance(gpt2(input_ids, return_dict=False), tuple)  # the behaviour we match
+    base = AutoModel.from_config(tiny_config(model_type)).eval()
+    outputs = base(input_ids, return_dict=False)
+    assert isinstance(outputs, tuple)
+    torch.testing.assert_close(outputs[0], base(input_ids).last_hidden_state, atol=0, rtol=0)
+    lm = AutoModelForCausalLM.from_config(tiny_config(model_type, return_dict=False)).eval()
+    outputs = lm(input_ids)
+    assert isinstance(outputs, tuple)
+    torch.testing.assert_close(outputs[0], lm(input_ids, return_dict=True).logits, atol=0, rtol=0)

@@ -108,6 +108,28 @@ REMOTE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
+def test_a_config_whose_n_positions_changed_after_building_saves_and_loads(model_type, tmp_path):
+    """Fields that apply only to positional heads (one-hot P's width follows n_positions) do not block a model
+    without them. With rotary positions no weight depends on n_positions, so the model loads back whole (learned
+    positions would not load, as for GPT-2: their table has n_positions rows)."""
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, position_embedding_type="rope")).eval()
+    model.config.n_positions = 128
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.n_positions == 128
+    input_ids = torch.randint(3, 37, (2, 6))
+    torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits, atol=0, rtol=0)
+
+
+def test_a_positional_model_whose_n_positions_changed_is_refused_naming_the_field(tmp_path):
+    """Its one-hot P has a row per position: a config saying otherwise would not load its weights."""
+    model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2"))
+    model.config.n_positions = 128
+    with pytest.raises(ValueError, match="positional_encoding_dim"):
+        model.save_pretrained(tmp_path)
+
+
 def test_remote_code_is_enabled_for_one_model_not_its_class(tmp_path):
     """transformers' `register_for_auto_class` marks the class: every later model of it would save its code."""
     shared = AutoModelForCausalLM.from_config(tiny_config("local_gpt2"))
