@@ -320,26 +320,6 @@ def local_attention_by_chunks(
     return out.reshape(batch, heads, num_chunks * chunk, v.shape[-1])[:, :, :length]
 
 
-def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys: int) -> torch.Tensor:
-    """Scatters (B, H, T, n) banded weights into the (B, H, T, S) matrix `output_attentions` returns."""
-    num_queries = weights.shape[-2]
-    matrix = weights.new_zeros(*weights.shape[:-1], num_keys)
-    q_key_index = torch.arange(num_queries, device=weights.device) + num_keys - num_queries
-    for j, offset in enumerate(offsets):
-        key_index = q_key_index - offset
-        inside = (key_index >= 0) & (key_index < num_keys)
-        matrix[..., inside, key_index[inside]] = weights[..., inside, j]
-    return matrix
-
-
-def local_attention_with_weights(
-    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The offsets kernel's output and its weights as the (B, H, T, S) matrix `output_attentions` returns."""
-    out, weights, offsets = local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)
-    return out, local_weights_as_matrix(weights, offsets, k.shape[-2])
-
-
 # --- positional heads ------------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,6 @@ from .attention_hf_attn import (
     fused_positional_attention,
     global_attention,
     local_attention,
-    local_attention_with_weights,
     masked_attention_with_weights,
     positional_attention,
     positional_attention_with_weights,
@@ -95,7 +94,7 @@ LOCAL = HeadKind(
     content=True,
     kernels={"banded": local_attention, "compiled": compiled_local_attention},
     kernel_field="local_attention_impl",
-    kernel_with_weights=local_attention_with_weights,
+    kernel_with_weights=masked_attention_with_weights,  # differentiable: the banded kernel's weights are not
     cached=("keys", "values"),  # the last `local_window` only: a k-local head never looks further back
     window_field="local_window",
     config_fields=("local_window",),

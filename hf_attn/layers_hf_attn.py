@@ -260,33 +260,47 @@ class HfAttnAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         q, k, v = self.split_heads(hidden_states, inputs.rotary)
         dropout = self.attn_dropout.p if self.training else 0.0
-        outputs, weights = [], []
+        outputs, weights, values_used = [], [], []
         for kind in self.kinds:
             values = _take_heads(v, self.value_heads[kind.name])
             if kind.content:
                 queries = _take_heads(q, self.content_heads[kind.name])
                 keys = _take_heads(k, self.content_heads[kind.name])
-                out, w = self.content_heads_forward(
+                out, w, values = self.content_heads_forward(
                     kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
                 )
             else:
-                out, w = self.positional_heads(kind, values, length, inputs, cache_layer, dropout, output_attentions)
+                out, w, values = self.positional_heads(
+                    kind, values, length, inputs, cache_layer, dropout, output_attentions
+                )
             outputs.append(out)
             weights.append(w)
+            values_used.append(values)
         if cache_layer is not None:
             cache_layer.seen_tokens += length
+        attentions = None
+        if output_attentions:
+            # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
+            padded = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)) for w in weights]
+            attentions = self.in_layout_order(torch.cat([w.expand(batch, -1, -1, -1) for w in padded], dim=1))
+            outputs = self.outputs_from(attentions, values_used, dropout)
 
         # (B, T, H, D) heads side by side, one copy; then (B, T, C) for free
         out = torch.cat([o.transpose(1, 2) for o in outputs], dim=2) if len(outputs) > 1 else outputs[0].transpose(1, 2)
         # contiguous: with one head the reshape can be a strided view (e.g. of a broadcast matmul), which Conv1D's
         # .view refuses
         out = self.in_layout_order(out, dim=2).reshape(batch, length, -1).contiguous()
-        out = self.resid_dropout(self.c_proj(out))
-        if not output_attentions:
-            return out, None
-        # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
-        weights = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)).expand(batch, -1, -1, -1) for w in weights]
-        return out, self.in_layout_order(torch.cat(weights, dim=1))
+        return self.resid_dropout(self.c_proj(out)), attentions
+
+    def outputs_from(self, attentions: torch.Tensor, values: list[torch.Tensor], dropout: float) -> list[torch.Tensor]:
+        """Each kind's output computed from the very (B, H, T, S) weights `output_attentions` returns, as GPT-2's eager
+        attention does: gradients then reach them (`attentions[i].retain_grad()`, attribution methods)."""
+        outputs = []
+        for kind, kind_values in zip(self.kinds, values, strict=True):
+            kind_weights = _take_heads(attentions, self.value_heads[kind.name])[..., -kind_values.shape[-2] :]
+            kind_weights = nn.functional.dropout(kind_weights, dropout).to(kind_values.dtype)
+            outputs.append(torch.matmul(kind_weights, kind_values))
+        return outputs
 
     def in_layout_order(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Heads come out grouped by kind; put them back in layout order along the head dimension `dim`."""
@@ -299,8 +313,8 @@ class HfAttnAttention(nn.Module):
         key_mask = None if inputs.key_mask is None else inputs.key_mask[:, -k.shape[-2] :]
         visibility = self.visibility[kind.name]
         if output_attentions:
-            return kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout)
-        return self.kernels[kind.name](q, k, v, visibility, key_mask, self.scale, dropout), None
+            return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v
+        return self.kernels[kind.name](q, k, v, visibility, key_mask, self.scale, dropout), None, v
 
     def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float,
                          output_attentions: bool):  # fmt: skip
@@ -314,7 +328,7 @@ class HfAttnAttention(nn.Module):
             rows = inputs.positional_encoding(inputs.key_positions[:, -length:])  # the queries' rows only
             pq = self.positional_projection(rows)[:, :, 0].transpose(1, 2)
             pk = self.decoding_keys.get(self.p_attn, inputs, cache_layer, pq.shape[1])
-            return kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout)
+            return *kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout), v
         rows = inputs.positional_encoding(inputs.key_positions)  # (B|1, S, d_P)
         reusable = (
             not decoding
@@ -325,7 +339,7 @@ class HfAttnAttention(nn.Module):
         seen = reusable and self.inference_weights.seen(self.p_attn, rows)
         if seen and self.inference_weights.weights is not None:
             weights = self.inference_weights.weights
-            return apply_positional_weights(weights, v), weights
+            return apply_positional_weights(weights, v), weights, v
         projected = self.positional_projection(rows)
         pq, pk = projected[:, -length:, 0].transpose(1, 2), projected[:, :, 1].transpose(1, 2)  # (B|1, H, T|S, qk)
         if seen or output_attentions:
@@ -334,7 +348,7 @@ class HfAttnAttention(nn.Module):
             out, weights = self.kernels[kind.name](pq, pk, v, visibility, inputs.key_mask, scale, dropout), None
         if reusable:
             self.inference_weights.remember(self.p_attn, rows, weights if seen else None)
-        return out, weights
+        return out, weights, v
 
     def positional_projection(self, rows: torch.Tensor) -> torch.Tensor:
         """(B|1, N, 2, H_pos, qk): P's queries and keys of every positional head at `rows` (B|1, N, d_P)."""

@@ -12,7 +12,6 @@ from hf_attn.attention_hf_attn import (
     global_attention,
     local_attention_by_chunks,
     local_attention_by_offsets,
-    local_weights_as_matrix,
     positional_attention,
     positional_attention_with_weights,
     shared_weights_pay_off,
@@ -20,6 +19,18 @@ from hf_attn.attention_hf_attn import (
 )
 
 B, H, T, D = 2, 3, 13, 8  # T not a multiple of the chunk size, to exercise the ragged last chunk
+
+
+def local_weights_as_matrix(weights: torch.Tensor, offsets: list[int], num_keys: int) -> torch.Tensor:
+    """The offsets kernel's (B, H, T, n) weights scattered into the (B, H, T, S) matrix the reference gives."""
+    num_queries = weights.shape[-2]
+    matrix = weights.new_zeros(*weights.shape[:-1], num_keys)
+    query_key_index = torch.arange(num_queries) + num_keys - num_queries
+    for j, offset in enumerate(offsets):
+        key_index = query_key_index - offset
+        inside = (key_index >= 0) & (key_index < num_keys)
+        matrix[..., inside, key_index[inside]] = weights[..., inside, j]
+    return matrix
 
 
 def qkv(num_keys=T, num_queries=T, dtype=torch.float32, qk_dim=D):

@@ -291,3 +291,36 @@ def test_return_dict_false_gives_tuples_as_gpt2_does(model_type):
     outputs = lm(input_ids)
     assert isinstance(outputs, tuple)
     torch.testing.assert_close(outputs[0], lm(input_ids, return_dict=True).logits, atol=0, rtol=0)
+
+
+def test_attentions_are_the_weights_used_so_gradients_reach_them_as_in_gpt2():
+    """`attentions[i].retain_grad()` then `backward()`: GPT-2's eager attention gives each layer's weights a gradient,
+    and a global-only model with GPT-2's weights gives the same one."""
+    gpt2, ours = gpt2_and_ours()
+    gpt2.set_attn_implementation("eager")
+    input_ids = torch.randint(0, 37, (2, 7))
+    gradients = []
+    for model in (gpt2, ours):
+        outputs = model(input_ids, output_attentions=True)
+        for weights in outputs.attentions:
+            weights.retain_grad()
+        (outputs.logits**2).sum().backward()
+        gradients.append([weights.grad for weights in outputs.attentions])
+    for expected, got in zip(*gradients, strict=True):
+        assert got is not None
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", [["global", "local", "positional", "local"], ["positional", "local"]])
+def test_attentions_of_every_kind_receive_gradients(layout):
+    """Local heads' kernel returns weights without a gradient: the returned ones must be those the output used."""
+    config = tiny_config("hybrid_gpt2", head_layout=[layout, layout], n_head=len(layout), n_embd=8 * len(layout))
+    model = AutoModelForCausalLM.from_config(config)
+    input_ids = torch.randint(3, 37, (2, 9))
+    outputs = model(input_ids, output_attentions=True)
+    for weights in outputs.attentions:
+        weights.retain_grad()
+    outputs.logits.sum().backward()
+    for weights in outputs.attentions:
+        for head in range(len(layout)):
+            assert weights.grad is not None and weights.grad[:, head].abs().sum() > 0, (layout, head)
