@@ -139,6 +139,13 @@ def masked_attention_with_weights(
     return torch.matmul(F.dropout(weights, dropout), v), weights
 
 
+def eager_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """softmax(Q K^T) V written out over the reference mask: transformers' `attn_implementation="eager"`."""
+    return masked_attention_with_weights(q, k, v, visibility, key_mask, scale, dropout)[0]
+
+
 # --- global heads ----------------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ import math
 from transformers import GenerationConfig, GPT2Config
 from transformers.utils import logging
 
-from .head_kinds_hf_attn import HEAD_KINDS
+from .head_kinds_hf_attn import ATTN_IMPLEMENTATION, HEAD_KINDS
 
 logger = logging.get_logger(__name__)
 
@@ -260,7 +260,11 @@ class HfAttnConfig(GPT2Config):
             )
 
     def validate_choices(self):
-        kernel_choices = [(kind.kernel_field, kind.kernels) for kind in HEAD_KINDS.values() if kind.kernel_field]
+        kernel_choices = [  # `attn_implementation` is transformers' to check, when a model is built
+            (kind.kernel_field, kind.kernels)
+            for kind in HEAD_KINDS.values()
+            if kind.kernel_field not in (None, ATTN_IMPLEMENTATION)
+        ]
         for field, allowed in (
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("positional_encoding", POSITIONAL_ENCODINGS),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .attention_hf_attn import (
     Visibility,
     compiled_local_attention,
+    eager_attention,
     fused_positional_attention,
     global_attention,
     local_attention,
@@ -26,6 +27,9 @@ from .attention_hf_attn import (
 
 if TYPE_CHECKING:
     from .configuration_hf_attn import HfAttnConfig
+
+
+ATTN_IMPLEMENTATION = "_attn_implementation"  # transformers' config field behind `attn_implementation`
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,9 @@ class HeadKind:
     config_fields: tuple[str, ...] = ()  # the config fields that shape what this kind alone computes
 
     def kernel(self, config: HfAttnConfig) -> Callable:
-        choice = getattr(config, self.kernel_field) if self.kernel_field else next(iter(self.kernels))
-        return self.kernels[choice]
+        """The kernel the config chooses; the first one when it chooses none (`attn_implementation` unset)."""
+        choice = getattr(config, self.kernel_field) if self.kernel_field else None
+        return self.kernels[choice or next(iter(self.kernels))]
 
     def window(self, config: HfAttnConfig) -> int | None:
         """How many positions back (and, when bidirectional, ahead) a query sees; None for all of them. The cache
@@ -84,7 +89,8 @@ def visible_keys(visibility: Visibility) -> str:
 GLOBAL = HeadKind(
     name="global",
     content=True,
-    kernels={"sdpa": global_attention},
+    kernels={"sdpa": global_attention, "eager": eager_attention},
+    kernel_field=ATTN_IMPLEMENTATION,  # transformers' own choice, `attn_implementation`, checked by the model
     kernel_with_weights=masked_attention_with_weights,
     cached=("keys", "values"),
     summary="each query attends by content to {visible}",

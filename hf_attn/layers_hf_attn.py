@@ -237,6 +237,10 @@ class HfAttnAttention(nn.Module):
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
         self.visibility = {kind.name: kind.visibility(config) for kind in self.kinds}
+        self.choose_kernels(config)
+
+    def choose_kernels(self, config: HfAttnConfig) -> None:
+        """Each kind's kernel as `config` chooses now (`set_attn_implementation` changes the global heads' choice)."""
         self.kernels = {kind.name: kind.kernel(config) for kind in self.kinds}
 
     def split_heads(self, hidden_states: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

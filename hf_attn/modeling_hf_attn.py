@@ -24,7 +24,8 @@ from transformers.utils import can_return_tuple
 from .attention_hf_attn import rotary_cos_sin
 from .cache_hf_attn import HeadKindCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
-from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, Projection
+from .head_kinds_hf_attn import HEAD_KINDS
+from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, HfAttnAttention, Projection
 
 # --- trunk -----------------------------------------------------------------------------------------------------
 
@@ -55,7 +56,11 @@ class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
-    _supports_sdpa = True  # each head kind picks its own kernel (SDPA-based) whatever `attn_implementation` says
+    # `attn_implementation` chooses the global heads' kernel (HEAD_KINDS["global"].kernels: "sdpa", "eager"); local and
+    # positional heads always run their own. FlashAttention and FlexAttention are refused (`get_correct_attn_...`).
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
     # Set to `hf_attn.hub` when hf_attn is imported. Where this file runs as remote code without hf_attn it stays None,
     # and saving and pushing are transformers' own (without a card: the templates are not exported).
     sharing: ClassVar[Sharing | None] = None
@@ -66,6 +71,23 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         self._no_split_modules = [BLOCKS[config.block_style].__name__]
 
     is_remote_code = RemoteCodeQuery()
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' check of `attn_implementation`, refusing with what is supported: the global heads' kernels."""
+        supported = list(HEAD_KINDS["global"].kernels)
+        if requested_attention is not None and requested_attention not in supported:
+            raise ValueError(
+                f"`attn_implementation`={requested_attention!r} is not supported by {type(self).__name__}; allowed: "
+                f"{supported} (the global heads' kernel; local and positional heads always run their own)."
+            )
+        return requested_attention or supported[0]
+
+    def set_attn_implementation(self, attn_implementation: str | dict, **kwargs) -> None:
+        """transformers' switch, carried to the layers' kernels."""
+        super().set_attn_implementation(attn_implementation, **kwargs)
+        for module in self.modules():
+            if isinstance(module, HfAttnAttention):
+                module.choose_kernels(self.config)
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
         """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md.

@@ -324,3 +324,41 @@ def test_attentions_of_every_kind_receive_gradients(layout):
     for weights in outputs.attentions:
         for head in range(len(layout)):
             assert weights.grad is not None and weights.grad[:, head].abs().sum() > 0, (layout, head)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("attend_to_self", [False, True])
+def test_attn_implementation_eager_equals_sdpa(model_type, attend_to_self):
+    """`attn_implementation` picks the global heads' kernel, as in every transformers model: written-out softmax for
+    "eager", SDPA for "sdpa"; the two agree within 1e-5 in fp32, with padding too."""
+    from hf_attn.attention_hf_attn import eager_attention, global_attention
+    from hf_attn.layers_hf_attn import HfAttnAttention
+
+    def global_kernels(model):
+        return {m.kernels.get("global") for m in model.modules() if isinstance(m, HfAttnAttention)}
+
+    layout = [["global", "local", "positional", "global"]] * 2
+    config = tiny_config(model_type, attend_to_self=attend_to_self)
+    if model_type == "hybrid_gpt2":
+        config = tiny_config(model_type, attend_to_self=attend_to_self, head_layout=layout)
+    sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    eager = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    eager.load_state_dict(sdpa.state_dict())
+    if model_type == "hybrid_gpt2":
+        assert global_kernels(sdpa) == {global_attention} and global_kernels(eager) == {eager_attention}
+    input_ids = torch.randint(3, 37, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0
+    with torch.no_grad():
+        expected = sdpa(input_ids, attention_mask=attention_mask).logits
+        torch.testing.assert_close(eager(input_ids, attention_mask=attention_mask).logits, expected, atol=1e-5, rtol=0)
+        sdpa.set_attn_implementation("eager")  # switched after building, as transformers allows
+        torch.testing.assert_close(sdpa(input_ids, attention_mask=attention_mask).logits, expected, atol=1e-5, rtol=0)
+    if model_type == "hybrid_gpt2":
+        assert global_kernels(sdpa) == {eager_attention}
+
+
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention", "paged|eager"])
+def test_unsupported_attn_implementation_is_refused_listing_what_is(implementation):
+    with pytest.raises(ValueError, match=re.escape("allowed: ['sdpa', 'eager']")):
+        AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2"), attn_implementation=implementation)
