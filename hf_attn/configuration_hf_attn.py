@@ -149,6 +149,7 @@ class HfAttnConfig(GPT2Config):
     default_attend_to_self = False
 
     def __post_init__(self, **kwargs):
+        self._set_aliased_fields(kwargs)
         self._warn_unknown_keys(kwargs)
         if self.local_attention_impl == "masked":  # saved by older versions: same attention, slower route
             logger.warning(
@@ -190,6 +191,13 @@ class HfAttnConfig(GPT2Config):
         configs = [HfAttnConfig, *HfAttnConfig.__subclasses__()]
         fields = {field.name for config in configs for field in dataclasses.fields(config)}
         return fields | {alias for config in configs for alias in config.attribute_map}
+
+    def _set_aliased_fields(self, kwargs: dict):
+        """GPT-2's aliases (`num_hidden_layers`, `hidden_size`, ...) set their fields before the fields derived from
+        them (the layout, the query widths) are filled in; transformers would set them afterwards."""
+        for alias, field in self.attribute_map.items():
+            if alias in kwargs:
+                setattr(self, field, kwargs.pop(alias))
 
     def _warn_unknown_keys(self, kwargs: dict):
         """transformers keeps any unknown key as an attribute that nothing reads, so a misspelt field would silently
@@ -358,6 +366,7 @@ class HybridGPT2Config(HfAttnConfig):
     num_local_heads: int | None = None
 
     def __post_init__(self, **kwargs):
+        self._set_aliased_fields(kwargs)  # `num_attention_heads` decides the default split
         if self.num_local_heads is None:
             self.num_local_heads = self.n_head // 2
         if not 0 <= self.num_local_heads <= self.n_head:

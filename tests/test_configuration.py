@@ -203,3 +203,14 @@ def test_error_states_allowed_values(fields, allowed):
     with pytest.raises(ValueError) as error:
         hf_attn.LocalGPT2Config(**fields)
     assert allowed in str(error.value)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_gpt2_aliases_set_their_fields_before_derived_ones(model_type):
+    """`num_hidden_layers=2` builds a 2-layer layout and `hidden_size` sets the query width, as `n_layer` and `n_embd`
+    do (transformers would apply the alias after the layout was built from the default)."""
+    aliased = AutoConfig.for_model(model_type, num_hidden_layers=2, hidden_size=48, num_attention_heads=4,
+                                   max_position_embeddings=32)  # fmt: skip
+    named = AutoConfig.for_model(model_type, n_layer=2, n_embd=48, n_head=4, n_positions=32)
+    assert aliased.to_dict() == named.to_dict()
+    assert len(aliased.head_layout) == 2 and aliased.content_qk_dim == 12
