@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import training.algorithmic as algorithmic
+from training.reports import PAGES, ROOT
 
-ROOT = Path(__file__).parents[1]
-PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 HUB_ONLY = "# needs the Hub"
 QUICKSTART_MODEL = "outputs/quickstart/"
 

@@ -207,6 +207,12 @@ def run_times_table(names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def idle_pace_minutes(name: str) -> float:
+    """How long all runs of `name` take, two at a time as they were run, at the pace of its runs timed idle."""
+    timed = load_results(DOCS / IDLE_RUN_TIMES / name)
+    return len(load_results(DOCS / name)) * statistics.mean(r["train_seconds"] for r in timed) / 2 / 60
+
+
 def idle_run_times_table(names: tuple[str, ...]) -> str:
     """Per config: its runs timed on an idle machine (two or more), and what all its runs would take at that pace,
     two at a time as they were run."""
@@ -220,7 +226,7 @@ def idle_run_times_table(names: tuple[str, ...]) -> str:
         lines.append(
             f"| `{name}` | {len(timed)} ({', '.join(sorted({r['model'] for r in timed}))}) | {min(seconds):.0f} - "
             f"{max(seconds):.0f} s | {min(loads):.1f} - {max(loads):.1f} | {runs} runs: about "
-            f"{runs * statistics.mean(seconds) / 2 / 60:.0f} min |"
+            f"{idle_pace_minutes(name):.0f} min |"
         )
     return "\n".join(lines)
 
@@ -272,12 +278,11 @@ EXPERIMENTS = (
 def training_time(name: str) -> str:
     """A config's training time on the 2-core machine: its pace when timed idle where it was, else what its published
     runs took, with the load they ran under."""
-    results = load_results(DOCS / name) if (DOCS / name).is_dir() else []
     if name in IDLE_TIMED:
-        timed = load_results(DOCS / IDLE_RUN_TIMES / name)
-        minutes = len(results) * statistics.mean(r["train_seconds"] for r in timed) / 2 / 60
-        return f"about {minutes:.0f} min as 2 one-thread processes (the pace of {len(timed)} runs timed idle)"
-    runs = results or [json.loads((DOCS / name / "results.json").read_text())]
+        timed = len(load_results(DOCS / IDLE_RUN_TIMES / name))
+        pace = f"the pace of {timed} runs timed idle"
+        return f"about {idle_pace_minutes(name):.0f} min as 2 one-thread processes ({pace})"
+    runs = load_results(DOCS / name) or [json.loads((DOCS / name / "results.json").read_text())]
     load = statistics.median(r["machine"]["load_average"][0] for r in runs)
     minutes = sum(r["train_seconds"] for r in runs) / 60
     runs_counted = f"{len(runs)} runs" if len(runs) > 1 else "1 run"
