@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from benchmarks.common import Shape, build_model, describe_machine, median, print_header, print_row, timed
-from hf_attn import HeadKindCache
+from hf_attn import HfAttnCache
 
 GENERATION_MODELS = ["local-1", "local-4", "hybrid-1", "positional", "gpt2"]
 LOCAL_MODELS = {"local-1", "local-4"}
@@ -32,8 +32,8 @@ LATENCY_TARGET = {"local-1": 1.25, "local-4": 1.25, "positional": 1.25}
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of every cached key and value: HeadKindCache's own count, or a DynamicCache's layers summed."""
-    if isinstance(cache, HeadKindCache):
+    """Bytes of every cached key and value: HfAttnCache's own count, or a DynamicCache's layers summed."""
+    if isinstance(cache, HfAttnCache):
         return cache.memory_bytes()
     return sum(tensor.nbytes for layer in cache.layers for tensor in (layer.keys, layer.values) if tensor is not None)
 

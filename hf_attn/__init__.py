@@ -8,7 +8,7 @@ Importing the package registers the model types `positional_gpt2`, `local_gpt2` 
 import transformers
 
 from . import hub
-from .cache_hf_attn import HeadKindCache
+from .cache_hf_attn import HfAttnCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .metrics import load_metric  # imports `evaluate` only when called
 from .modeling_hf_attn import *  # noqa: F403
@@ -38,7 +38,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "HeadKindCache",
+    "HfAttnCache",
     "HfAttnConfig",
     "PositionalGPT2Config",
     "LocalGPT2Config",

@@ -2,7 +2,8 @@
 fast path. `head_kinds_hf_attn.py` says which kind runs on which.
 
 Legend: B batch, H heads of one kind, T queries, S keys (S >= T: the last T keys are the queries' own positions),
-D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T.
+D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T, unless
+`key_mask` is a whole (B|1, 1, T, S) mask, which then says everything.
 Queries and keys may be wider or narrower than values (`content_qk_dim`); outputs take the values' width.
 
 Who sees whom is a `Visibility`: a predicate on (query index, key index) built from small overlays. The reference
@@ -100,7 +101,10 @@ class Visibility:
 def visibility_mask(
     visibility: Visibility, num_queries: int, key_mask: torch.Tensor | None, num_keys: int, device: torch.device
 ) -> torch.Tensor:
-    """Reference (B or 1, 1, T, S) boolean mask: the predicate plus key padding."""
+    """Reference (B or 1, 1, T, S) boolean mask: the predicate plus key padding. A 4D `key_mask` is that whole mask
+    already (static caches' slots, custom masks, packed sequences: see `AttentionInputs.key_mask_for`)."""
+    if key_mask is not None and key_mask.dim() == 4:
+        return key_mask
     kv_idx = torch.arange(num_keys, device=device)
     q_idx = kv_idx[num_keys - num_queries :, None]
     mask = visibility.predicate(q_idx, kv_idx[None, :])[None, None]  # (1, 1, T, S)
@@ -177,7 +181,10 @@ def global_attention(
 def local_attention(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
-    """(B, H, T, D) content attention over the k nearest keys, in O(T * k): picks the faster banded kernel."""
+    """(B, H, T, D) content attention over the k nearest keys, in O(T * k): picks the faster banded kernel. A whole
+    4D mask goes to SDPA."""
+    if key_mask is not None and key_mask.dim() == 4:
+        return masked_sdpa(q, k, v, key_mask, scale, dropout)
     if len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL or q.shape[-2] != k.shape[-2]:
         return local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)[0]
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)

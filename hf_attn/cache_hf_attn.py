@@ -1,135 +1,241 @@
-"""A decoding cache that keeps, per head kind, only what that kind needs, as its `HEAD_KINDS` entry says.
+"""The decoding cache, built of transformers' own cache layers: per decoder layer, one layer per head kind, keeping
+only what that kind needs, as its `HEAD_KINDS` entry says.
 
-- global heads: every key and value;
-- local heads: the last `local_window` keys and values (a k-local head never looks further back);
-- positional heads: values only, since their weights come from positions.
+- global heads: every key and value (`DynamicLayer`, or `StaticLayer` for `cache_implementation="static"`);
+- local heads: the last `local_window` keys and values (`DynamicSlidingWindowLayer` / `StaticSlidingWindowLayer`;
+  their windows count the query itself, so k-local heads get a window of k + 1);
+- positional heads: values only (their keys are zero wide), since their weights come from positions.
 
-So a local-only model decodes with a cache of constant size, whatever the context length.
+So a local-only model decodes with a cache of constant size, and what transformers builds on its layers works as for
+any model: `crop` and past recording (assisted, prompt-lookup and speculative decoding), beam reordering, static and
+compileable caches, `early_initialization` for export.
 """
 
 import torch
 from transformers import Cache
+from transformers.cache_utils import (
+    CacheLayerMixin,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from .configuration_hf_attn import HfAttnConfig
-from .head_kinds_hf_attn import HeadKind
+from .head_kinds_hf_attn import HeadKind, kinds_in
 
 # Room added when a buffer of every past token fills up: an eighth of its tokens, at least this many.
 MIN_GROWTH = 16
 
 
-def _cat(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """`new` appended to `past`, in storage of its own: `new` is a view into the layer's whole projection, which
-    the cache must not keep alive."""
-    return new.contiguous().clone() if past is None else torch.cat([past, new], dim=-2)
+class AppendingLayer(DynamicLayer):
+    """`DynamicLayer` that appends in place to a buffer with room to grow, so a decoding step writes its one token
+    instead of copying every past token, as `torch.cat` does. `keys` and `values` stay views of the tokens held.
 
-
-def _append(buffer: torch.Tensor | None, used: int, new: torch.Tensor) -> torch.Tensor:
-    """`new` written after the first `used` tokens of `buffer`, growing it geometrically when full; returns the
-    buffer. Appending in place keeps a decoding step from copying every past token, as `torch.cat` does."""
-    needed = used + new.shape[-2]
-    # A buffer made under torch.inference_mode can only be written in it: outside, it is copied like a full one.
-    frozen = buffer is not None and buffer.is_inference() and not torch.is_inference_mode_enabled()
-    if buffer is None or buffer.shape[-2] < needed or frozen:
-        grown = new.new_empty(*new.shape[:-2], needed + max(MIN_GROWTH, needed // 8), new.shape[-1])
-        if buffer is not None:
-            grown[..., :used, :] = buffer[..., :used, :]
-        buffer = grown
-    buffer[..., used:needed, :] = new
-    return buffer
-
-
-class HeadKindCacheLayer:
-    """One layer's cache: per head kind present, the tensors its `cached` names, (B, H_kind, tokens, D), holding the
-    last `kind.window(config)` tokens (all of them when the kind has no window).
-
-    A kind without a window keeps every token in a buffer with room to grow (see `_append`), so its tensors are
-    views of the first `seen_tokens` tokens. While gradients are recorded, tokens are concatenated instead: an
-    in-place write would invalidate the earlier steps' graphs.
+    While gradients are recorded, or under graph capture, it concatenates as `DynamicLayer` does: an in-place write
+    would invalidate the earlier steps' graphs.
     """
 
-    is_compileable = False
-    is_croppable = False  # dropped local keys cannot be restored
-    is_sliding = False
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return super().update(key_states, value_states)
+        self.keys, self.values = _append(self.keys, key_states), _append(self.values, value_states)
+        return self.keys, self.values
 
-    def __init__(self, config: HfAttnConfig):
-        self.config = config
-        self.kept: dict[str, dict[str, torch.Tensor]] = {}  # kind name -> {"keys": ..., "values": ...}
-        self.seen_tokens = 0
+    def get_seq_length(self) -> int:
+        """Counted on the values: positional heads' keys are zero wide."""
+        return self.values.shape[-2] if self.is_initialized and self.values.dim() > 1 else 0
+
+
+def _append(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """`kept` (a view of the first tokens of its buffer, or any tensor) followed by `new`, written in place when the
+    buffer has room; a buffer grown geometrically otherwise."""
+    used = kept.shape[-2] if kept.dim() == new.dim() else 0  # `DynamicLayer` starts from a 1-D empty tensor
+    needed = used + new.shape[-2]
+    buffer = kept._base if kept._base is not None else kept
+    # Room only in a buffer that `kept` starts, whose tokens it reads in order, and not made by torch.inference_mode
+    # outside it (such a tensor can only be written in it).
+    has_room = (
+        used > 0
+        and buffer.dim() == kept.dim()
+        and buffer.shape[:-2] == kept.shape[:-2]
+        and buffer.shape[-2] >= needed
+        and buffer.shape[-1] == kept.shape[-1]
+        and kept.data_ptr() == buffer.data_ptr()
+        and kept.stride() == buffer.stride()
+        and not (buffer.is_inference() and not torch.is_inference_mode_enabled())
+    )
+    if not has_room:
+        grown = new.new_empty(*new.shape[:-2], needed + max(MIN_GROWTH, needed // 8), new.shape[-1])
+        if used:
+            grown[..., :used, :] = kept
+        buffer = grown
+    buffer[..., used:needed, :] = new
+    return buffer[..., :needed, :]
+
+
+class WindowLayer(DynamicSlidingWindowLayer):
+    """`DynamicSlidingWindowLayer` whose kept window owns its storage: a view would keep the whole prefill alive."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states)
+        if not self.record_past:
+            self.keys, self.values = self.keys.clone(), self.values.clone()
+        return keys, values
+
+
+def kind_layer(kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None) -> CacheLayerMixin:
+    """The transformers layer that keeps what `kind` needs: dynamic, or static when `max_cache_len` is given."""
+    window = kind.window(config)
+    if max_cache_len is None:
+        return AppendingLayer() if window is None else WindowLayer(sliding_window=window + 1)
+    if window is None:
+        return StaticLayer(max_cache_len=max_cache_len)
+    return StaticSlidingWindowLayer(max_cache_len=max_cache_len, sliding_window=window + 1)
+
+
+class HeadKindLayer(CacheLayerMixin):
+    """One decoder layer's cache: a transformers cache layer per head kind present (`by_kind`), tensors
+    (B, H_kind, tokens, D). Everything transformers asks of a layer is passed on to each of them."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int, max_cache_len: int | None = None):
+        layout = config.head_layout[layer_idx]
+        self.layout = layout
+        self.by_kind = {kind.name: kind_layer(kind, config, max_cache_len) for kind in kinds_in(layout)}
+        self.caches_keys = {kind.name: "keys" in kind.cached for kind in kinds_in(layout)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={type(v).__name__}' for k, v in self.by_kind.items())})"
+
+    @property
+    def first(self) -> CacheLayerMixin:
+        return next(iter(self.by_kind.values()))
+
+    def update_kind(self, kind: HeadKind, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Stores the new tokens of `kind`'s heads; returns the keys and values its queries see, and the index (in
+        tokens since the start) of the first of them: transformers' `kv_offset`, 0 unless a window has slid."""
+        layer = self.by_kind[kind.name]
+        _, key_start = layer.get_mask_sizes(keys.shape[-2])
+        if not self.caches_keys[kind.name]:
+            keys = keys[..., :0]  # positional heads take their keys from positions
+        return *layer.update(keys, values), key_start
+
+    def is_contiguous(self, kind: HeadKind) -> bool:
+        """Whether `update_kind` returns exactly the tokens from its `key_start` to the newest (dynamic layers), not
+        a fixed number of slots, some of them empty (static layers)."""
+        return not isinstance(self.by_kind[kind.name], StaticLayer)
+
+    # --- transformers' layer interface --------------------------------------------------------------------------
+
+    def split(self, states: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Layout-order (B, n_head, T, D) states, per kind."""
+        return {
+            name: states[:, [h for h, head_kind in enumerate(self.layout) if head_kind == name]] for name in self.by_kind
+        }
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        keys, values = self.split(key_states), self.split(value_states)
+        for name, layer in self.by_kind.items():
+            layer.lazy_initialization(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Layout-order (B, n_head, T, D) states that come from outside, e.g. a PEFT prefix, stored per kind.
+        Returns them as given: hf_attn's own attention calls `update_kind`."""
+        keys, values = self.split(key_states), self.split(value_states)
+        for name, layer in self.by_kind.items():
+            layer.update(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.first.get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        return self.first.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return max(layer.get_max_length() for layer in self.by_kind.values())
 
     @property
     def is_initialized(self) -> bool:
-        return self.seen_tokens > 0
+        return all(layer.is_initialized for layer in self.by_kind.values())
+
+    @property
+    def is_compileable(self) -> bool:
+        return all(layer.is_compileable for layer in self.by_kind.values())
+
+    @property
+    def is_croppable(self) -> bool:
+        return all(layer.is_croppable for layer in self.by_kind.values())
+
+    @property
+    def is_sliding(self) -> bool:
+        return all(layer.is_sliding for layer in self.by_kind.values())
+
+    @property
+    def record_past(self) -> bool:
+        return any(getattr(layer, "record_past", False) for layer in self.by_kind.values())
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every kept tensor by `<kind>_<what>`, e.g. `local_keys`, without the room left to grow."""
+        """Every kept tensor by `<kind>_<what>`, e.g. `local_keys`: what each kind caches, as `HEAD_KINDS` says."""
         return {
-            f"{kind}_{what}": tensor[..., : self.seen_tokens, :]
-            for kind, kept in self.kept.items()
-            for what, tensor in kept.items()
+            f"{name}_{what}": getattr(layer, what)
+            for name, layer in self.by_kind.items()
+            if layer.is_initialized
+            for what in ("keys", "values")
+            if what == "values" or self.caches_keys[name]
         }
 
-    def update(self, kind: HeadKind, **new: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Returns the kept past plus the new tokens of what `kind` caches (`keys=`, `values=`); keeps the last
-        `kind.window(config)` tokens of them."""
-        past = self.kept.get(kind.name, {})
-        window = kind.window(self.config)
-        if window is not None:
-            full = {what: _cat(past.get(what), new[what]) for what in kind.cached}
-            # a view would keep every token alive
-            self.kept[kind.name] = {what: t[:, :, -window:].clone() for what, t in full.items()}
-            return full
-        if torch.is_grad_enabled():
-            used = {what: past[what][..., : self.seen_tokens, :] for what in past}
-            self.kept[kind.name] = {what: _cat(used.get(what), new[what]) for what in kind.cached}
-        else:
-            self.kept[kind.name] = {what: _append(past.get(what), self.seen_tokens, new[what]) for what in kind.cached}
-        end = self.seen_tokens + next(iter(new.values())).shape[-2]
-        return {what: t[..., :end, :] for what, t in self.kept[kind.name].items()}
+    def _each(self, method: str, *args) -> None:
+        for layer in self.by_kind.values():
+            getattr(layer, method)(*args)
 
-    def apply(self, fn) -> None:
-        self.kept = {kind: {what: fn(t) for what, t in kept.items()} for kind, kept in self.kept.items()}
-
-    def get_seq_length(self) -> int:
-        return self.seen_tokens
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self.__init__(self.config)
-
-
-class HeadKindCache(Cache):
-    """`Cache` for hf_attn models. The model makes it itself when `use_cache=True`, not `generate`."""
-
-    def __init__(self, config: HfAttnConfig):
-        super().__init__(layers=[HeadKindCacheLayer(config) for _ in range(config.n_layer)])
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].get_seq_length()
-
-    def memory_bytes(self) -> int:
-        """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's growth."""
-        return sum(t.untyped_storage().nbytes() for layer in self.layers for t in layer.tensors().values())
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        for layer in self.layers:
-            layer.apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        for layer in self.layers:
-            layer.apply(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.apply(lambda t: t[indices])
+    def activate_past_recording(self) -> None:
+        for layer in self.by_kind.values():
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("HeadKindCache drops old local keys, so it cannot be cropped (assisted decoding).")
+        self._each("crop", tokens_to_remove)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._each("reorder_cache", beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._each("batch_repeat_interleave", repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._each("batch_select_indices", indices)
 
     def reset(self) -> None:
-        for layer in self.layers:
-            layer.reset()
+        self._each("reset")
+
+    def offload(self) -> None:
+        self._each("offload")
+
+    def prefetch(self) -> None:
+        self._each("prefetch")
 
 
-__all__ = ["HeadKindCache", "HeadKindCacheLayer"]
+class HfAttnCache(Cache):
+    """`Cache` for hf_attn models: dynamic, or static and compileable with `max_cache_len` (what
+    `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too."""
+
+    def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None, **kwargs):
+        super().__init__(
+            layers=[HeadKindLayer(config, i, max_cache_len) for i in range(config.n_layer)],
+            **{key: value for key, value in kwargs.items() if key in ("offloading", "offload_only_non_sliding")},
+        )
+
+    def memory_bytes(self) -> int:
+        """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's size."""
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for layer in self.layers
+            for t in layer.tensors().values()
+        }
+        return sum(storages.values())
+
+
+__all__ = ["HfAttnCache", "HeadKindLayer", "AppendingLayer", "WindowLayer", "kind_layer"]

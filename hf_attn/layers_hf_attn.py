@@ -13,8 +13,14 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.pytorch_utils import Conv1D
 
-from .attention_hf_attn import FIXED_ENCODINGS, MAX_SHARED_WEIGHTS_ELEMENTS, apply_positional_weights, apply_rotary
-from .cache_hf_attn import HeadKindCacheLayer
+from .attention_hf_attn import (
+    FIXED_ENCODINGS,
+    MAX_SHARED_WEIGHTS_ELEMENTS,
+    Visibility,
+    apply_positional_weights,
+    apply_rotary,
+)
+from .cache_hf_attn import HeadKindLayer
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
 
@@ -25,16 +31,51 @@ from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
 class AttentionInputs:
     """Computed once per forward by the trunk, read by every layer.
 
-    `key_mask` (B, S) is None when nothing is padded; positions are (B|1, ...) so that without padding the
-    positional heads' queries and keys are one tensor for the whole batch.
+    Tokens are indexed from the first one the cache has seen ("absolute" indices): the queries are `past_length`
+    onwards. Positions count real tokens, so they differ from indices under left padding and restart in packed
+    sequences. Positions are (B|1, ...) so that without padding the positional heads' queries and keys are one tensor
+    for the whole batch.
     """
 
-    key_mask: torch.Tensor | None
-    num_keys: int  # past + current tokens
-    key_positions: torch.Tensor  # (B|1, S): the position of every key
+    key_mask: torch.Tensor | None  # (B, M) bool by absolute index: False at padding; None when nothing is padded
+    pair_mask: torch.Tensor | None  # (B|1, 1, T, M) bool: a custom 4D mask, or the same-document pairs of packed rows
+    past_length: int | torch.Tensor  # tokens before the queries; a tensor for static caches
+    query_positions: torch.Tensor  # (B|1, T)
+    key_positions: torch.Tensor  # (B|1, M): the position of every token
     keys_in_order: bool  # key j sits at position j for every sample: per-position tables are sliced, not gathered
     positional_encoding: nn.Module | None  # P: position ids -> rows (..., d_P), when the model has positional heads
     rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
+
+    def key_mask_for(self, visibility: Visibility, key_start, num_slots: int, num_queries: int, contiguous: bool):
+        """What a kernel takes as `key_mask` for keys at absolute indices `key_start` onwards: the (B, S) padding mask
+        of keys that end at the last query (`contiguous`: the kernel's own geometry), else the whole (B|1, 1, T, S)
+        mask, the kind's visibility included (static caches' slots, custom 4D masks, packed sequences)."""
+        if contiguous and self.pair_mask is None:
+            return None if self.key_mask is None else self.key_mask[:, -num_slots:]
+        device = self.key_positions.device
+        key_index = key_start + torch.arange(num_slots, device=device)
+        query_index = self.past_length + torch.arange(num_queries, device=device)
+        mask = visibility.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
+        if self.key_mask is not None:
+            columns, known = _columns(key_index, self.key_mask.shape[-1])
+            mask = mask & (self.key_mask[:, columns] & known)[:, None, None, :]
+        if self.pair_mask is not None:
+            columns, known = _columns(key_index, self.pair_mask.shape[-1])
+            mask = mask & self.pair_mask[..., columns] & known
+        return mask
+
+    def positions_at(self, key_start, num_slots: int, contiguous: bool) -> torch.Tensor:
+        """(B|1, S) positions of the keys at absolute indices `key_start` onwards."""
+        if contiguous:
+            return self.key_positions[:, -num_slots:]
+        key_index = key_start + torch.arange(num_slots, device=self.key_positions.device)
+        return self.key_positions[:, _columns(key_index, self.key_positions.shape[-1])[0]]
+
+
+def _columns(key_index: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns of a mask `width` wide to read for `key_index`, and whether each exists (a static cache's empty slots
+    lie beyond the mask)."""
+    return key_index.clamp(max=width - 1), key_index < width
 
 
 class FixedTable(nn.Module):
@@ -93,7 +134,8 @@ class InferenceWeights:
 
     @staticmethod
     def applies(inputs: AttentionInputs) -> bool:
-        return not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and inputs.key_mask is None
+        unmasked = inputs.key_mask is None and inputs.pair_mask is None
+        return unmasked and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
 
     @staticmethod
     def fits(heads: int, num_keys: int) -> bool:
@@ -115,15 +157,15 @@ class DecodingKeys:
     one query: S x d_P x width per layer and token, more than the rest of the step at long context. The keys depend
     on the position and `p_attn` alone, so they are kept here for the positions reached so far, once for every
     sequence and batch; the cache keeps values only. Used when no gradient is recorded and not under torch.compile.
-    Checked against `p_attn` and P (by value, as in `InferenceWeights`; by storage and version counter for P, whose
-    table can be as large as the cache) the first time each decoding cache comes: within one cache the weights are
-    fixed, as every cached value already assumes.
+    Checked against `p_attn` and P by value, as in `InferenceWeights` (an edit through `.data` moves no version
+    counter), the first time each decoding cache comes: within one cache the weights are fixed, as every cached value
+    already assumes.
     """
 
     def __init__(self, num_positions: int):
         self.num_positions = num_positions
         self.keys: torch.Tensor | None = None  # (H, positions so far, qk)
-        self.sources: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
+        self.sources: list[torch.Tensor] | None = None  # copies of `p_attn`'s and P's tensors the keys came from
         self.checked_for: weakref.WeakSet = weakref.WeakSet()  # the cache layers the kept keys were checked for
 
     def __getstate__(self) -> dict:
@@ -138,20 +180,21 @@ class DecodingKeys:
         return not (torch.is_grad_enabled() or torch.compiler.is_compiling())
 
     @staticmethod
-    def identify(table: nn.Module) -> list[tuple[int, int]]:
-        return [(t.data_ptr(), t._version) for t in (*table.parameters(), *table.buffers())]
+    def source_tensors(p_attn: Projection, table: nn.Module) -> list[torch.Tensor]:
+        return [*p_attn.parameters(), *table.parameters(), *table.buffers()]
 
     def get(self, p_attn: Projection, inputs: AttentionInputs, cache_layer, heads: int) -> torch.Tensor:
         """(B|1, H, S, qk): the keys at `inputs.key_positions`, projecting only positions not reached before."""
         table = inputs.positional_encoding
         if cache_layer not in self.checked_for:
-            kept, identities = self.sources or ([], [])
-            if not (all(map(_same_tensor, kept, p_attn.parameters())) and identities == self.identify(table)):
+            current = self.source_tensors(p_attn, table)
+            if self.sources is None or not all(map(_same_tensor, self.sources, current)):
                 self.keys = None
                 self.checked_for.clear()
             self.checked_for.add(cache_layer)
         have = 0 if self.keys is None else self.keys.shape[1]
-        needed = min(inputs.num_keys, self.num_positions)  # positions count real tokens from 0
+        num_keys = inputs.key_positions.shape[-1]
+        needed = min(num_keys, self.num_positions)  # positions count real tokens from 0
         if needed > have:  # grow geometrically: one new position per step on average
             end = min(self.num_positions, max(needed, 2 * have))
             positions = torch.arange(have, end, device=p_attn.weight.device)
@@ -159,9 +202,9 @@ class DecodingKeys:
             new = torch.addmm(p_attn.bias[width:], table(positions), p_attn.weight[:, width:])
             new = new.view(len(positions), heads, -1).transpose(0, 1)
             self.keys = (new if self.keys is None else torch.cat([self.keys, new], dim=1)).contiguous()
-            self.sources = ([t.detach().clone() for t in p_attn.parameters()], self.identify(table))
+            self.sources = [t.detach().clone() for t in self.source_tensors(p_attn, table)]
         if inputs.keys_in_order:
-            return self.keys[None, :, : inputs.num_keys]  # a view
+            return self.keys[None, :, :num_keys]  # a view
         return self.keys[:, inputs.key_positions].transpose(0, 1)
 
 
@@ -258,7 +301,7 @@ class HfAttnAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         inputs: AttentionInputs,
-        cache_layer: HeadKindCacheLayer | None = None,
+        cache_layer: HeadKindLayer | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
@@ -280,12 +323,10 @@ class HfAttnAttention(nn.Module):
             outputs.append(out)
             weights.append(w)
             values_used.append(values)
-        if cache_layer is not None:
-            cache_layer.seen_tokens += length
         attentions = None
         if output_attentions:
             # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
-            padded = [nn.functional.pad(w, (inputs.num_keys - w.shape[-1], 0)) for w in weights]
+            padded = [nn.functional.pad(w, (inputs.key_positions.shape[-1] - w.shape[-1], 0)) for w in weights]
             attentions = self.in_layout_order(torch.cat([w.expand(batch, -1, -1, -1) for w in padded], dim=1))
             outputs = self.outputs_from(attentions, values_used, dropout)
 
@@ -310,11 +351,19 @@ class HfAttnAttention(nn.Module):
         """Heads come out grouped by kind; put them back in layout order along the head dimension `dim`."""
         return x if self.restore_order is None else _take_heads(x, self.restore_order, dim)
 
-    def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+    def cached(self, kind: HeadKind, keys, values, length: int, inputs: AttentionInputs, cache_layer):
+        """The keys and values `kind`'s queries see (past ones from the cache, which keeps the new ones), whether
+        they end at the last query (see `AttentionInputs.key_mask_for`), and the kernel's `key_mask` for them."""
+        key_start, contiguous = 0, True
         if cache_layer is not None:
-            cached = cache_layer.update(kind, keys=k, values=v)
-            k, v = cached["keys"], cached["values"]
-        key_mask = None if inputs.key_mask is None else inputs.key_mask[:, -k.shape[-2] :]
+            keys, values, key_start = cache_layer.update_kind(kind, keys, values)
+            contiguous = cache_layer.is_contiguous(kind)
+        visibility = self.visibility[kind.name]
+        key_mask = inputs.key_mask_for(visibility, key_start, values.shape[-2], length, contiguous)
+        return keys, values, key_start, contiguous, key_mask
+
+    def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+        k, v, _, _, key_mask = self.cached(kind, k, v, q.shape[-2], inputs, cache_layer)
         visibility = self.visibility[kind.name]
         if output_attentions:
             return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v
@@ -323,22 +372,30 @@ class HfAttnAttention(nn.Module):
     def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float,
                          output_attentions: bool):  # fmt: skip
         """Weights from P alone, by the route `positional_attention_impl` picks; in inference, weights that fit are
-        kept once the same positions come twice (see `InferenceWeights`)."""
-        if cache_layer is not None:
-            v = cache_layer.update(kind, values=v)["values"]
+        kept once the same positions come twice (see `InferenceWeights`), and decoding keeps P's keys (see
+        `DecodingKeys`)."""
+        _, v, key_start, contiguous, key_mask = self.cached(kind, v, v, length, inputs, cache_layer)
         visibility, scale = self.visibility[kind.name], self.positional_qk_dim**-0.5
-        decoding = length < inputs.num_keys
+        num_keys = v.shape[-2]
+        if not contiguous:  # a static cache's slots: P at the queries' and at the slots' positions
+            pq = self.positional_projection(inputs.positional_encoding(inputs.query_positions))[:, :, 0]
+            key_rows = inputs.positional_encoding(inputs.positions_at(key_start, num_keys, contiguous))
+            pk = self.positional_projection(key_rows)[:, :, 1]
+            kernel = kind.kernel_with_weights if output_attentions else self.kernels[kind.name]
+            out = kernel(pq.transpose(1, 2), pk.transpose(1, 2), v, visibility, key_mask, scale, dropout)
+            return (*out, v) if output_attentions else (out, None, v)
+        decoding = length < num_keys
         if decoding and DecodingKeys.applies():
-            rows = inputs.positional_encoding(inputs.key_positions[:, -length:])  # the queries' rows only
+            rows = inputs.positional_encoding(inputs.query_positions)  # the queries' rows only
             pq = self.positional_projection(rows)[:, :, 0].transpose(1, 2)
             pk = self.decoding_keys.get(self.p_attn, inputs, cache_layer, pq.shape[1])
-            return *kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout), v
-        rows = inputs.positional_encoding(inputs.key_positions)  # (B|1, S, d_P)
+            return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v
+        rows = inputs.positional_encoding(inputs.key_positions[:, -num_keys:])  # (B|1, S, d_P)
         reusable = (
             not decoding
             and self.positional_impl != "fused"
             and InferenceWeights.applies(inputs)
-            and InferenceWeights.fits(self.num_positional_heads, inputs.num_keys)
+            and InferenceWeights.fits(self.num_positional_heads, num_keys)
         )
         seen = reusable and self.inference_weights.seen(self.p_attn, rows)
         if seen and self.inference_weights.weights is not None:
@@ -347,9 +404,9 @@ class HfAttnAttention(nn.Module):
         projected = self.positional_projection(rows)
         pq, pk = projected[:, -length:, 0].transpose(1, 2), projected[:, :, 1].transpose(1, 2)  # (B|1, H, T|S, qk)
         if seen or output_attentions:
-            out, weights = kind.kernel_with_weights(pq, pk, v, visibility, inputs.key_mask, scale, dropout)
+            out, weights = kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout)
         else:
-            out, weights = self.kernels[kind.name](pq, pk, v, visibility, inputs.key_mask, scale, dropout), None
+            out, weights = self.kernels[kind.name](pq, pk, v, visibility, key_mask, scale, dropout), None
         if reusable:
             self.inference_weights.remember(self.p_attn, rows, weights if seen else None)
         return out, weights, v

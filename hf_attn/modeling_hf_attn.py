@@ -11,7 +11,7 @@ from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel, StaticCache
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import can_return_tuple
 
 from .attention_hf_attn import rotary_cos_sin
-from .cache_hf_attn import HeadKindCache
+from .cache_hf_attn import HfAttnCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .head_kinds_hf_attn import HEAD_KINDS
 from .layers_hf_attn import BLOCKS, AttentionInputs, FixedTable, HfAttnAttention, Projection
@@ -111,11 +111,6 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         if self.sharing is None:
             return super().push_to_hub(repo_id, **kwargs)
         return self.sharing.push_model(self, repo_id, **kwargs)
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        """`generate` must not make a DynamicCache: the model makes its own `HeadKindCache`."""
-        return False
 
     def _init_weights(self, module: nn.Module) -> None:
         if self.config.initialization == "paper_a":
@@ -212,9 +207,10 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 f"`{name}` must be ({', '.join(dims)}) with at least one sequence of at least one token, "
                 f"got shape {tuple(given.shape)}."
             )
-        if attention_mask is not None and attention_mask.dim() != 2:
+        if attention_mask is not None and attention_mask.dim() not in (2, 4):
             raise ValueError(
-                f"`attention_mask` must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}."
+                "`attention_mask` must be 2-D (batch, keys) of 0/1, or 4-D (batch, 1, queries, keys): True or 0 where "
+                f"a query may see a key; got shape {tuple(attention_mask.shape)}."
             )
         return given.shape[1]
 
@@ -284,41 +280,77 @@ class HfAttnModel(HfAttnPreTrainedModel):
         numbers = self.wne(values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
         return numbers if embeds is None else torch.where(numeric_positions[..., None], numbers, embeds)
 
-    def position_ids_from(self, attention_mask, past_length: int, length: int, device) -> tuple[torch.Tensor, bool]:
+    def position_ids_from(
+        self, attention_mask, past_length, length: int, device, num_keys: int | None = None
+    ) -> tuple[torch.Tensor, bool]:
         """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding; and
-        whether key j simply sits at position j.
+        whether key j simply sits at position j. `num_keys` replaces past + T without a mask (a static cache's size).
 
         One row for the whole batch unless some row is left-padded: then positional heads' weights stay one
-        tensor for the batch (right padding, the usual training case, only masks keys).
+        tensor for the batch (right padding, the usual training case, only masks keys). Under graph capture the
+        question is not asked (it would read the mask on the host): every row gets its own.
         """
-        shared = torch.arange(past_length + length, device=device)[None]
         if attention_mask is None:
-            return shared, True
+            return torch.arange(past_length + length if num_keys is None else num_keys, device=device)[None], True
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        in_order = bool(((positions == shared) | (attention_mask == 0)).all())
-        return (shared, True) if in_order else (positions, False)
+        shared = torch.arange(attention_mask.shape[-1], device=device)[None]
+        # Decided row by row, so that a row's positions (padding's included) never depend on the other rows.
+        row_in_order = ((positions == shared) | (attention_mask == 0)).all(-1, keepdim=True)  # (B, 1)
+        if not tracing() and bool(row_in_order.all()):
+            return shared, True
+        return torch.where(row_in_order, shared, positions), False
 
-    def check_positions(self, position_ids: torch.Tensor) -> None:
+    def check_positions(self, *position_ids: torch.Tensor) -> None:
+        """Positions beyond the position tables are refused (eagerly; under graph capture the lookup fails instead)."""
         config = self.config
         tabled = config.position_embedding_type in ("learned", "sinusoidal") or config.uses_positional_heads
-        if tabled and position_ids.numel() and int(position_ids.max()) >= config.n_positions:
+        if not tabled or tracing():
+            return
+        largest = int(max(ids.max() for ids in position_ids))
+        if largest >= config.n_positions:
             raise ValueError(
-                f"Position {int(position_ids.max())} is beyond `n_positions`={config.n_positions}, the longest the "
+                f"Position {largest} is beyond `n_positions`={config.n_positions}, the longest the "
                 f"position encodings support (`position_embedding_type`={config.position_embedding_type!r}"
                 + (f", `positional_encoding`={config.positional_encoding!r}" if config.uses_positional_heads else "")
                 + "). Use shorter sequences or a config with a larger `n_positions`."
             )
 
-    def attention_inputs(self, attention_mask, position_ids, key_position_ids, keys_in_order=False) -> AttentionInputs:
-        num_keys = key_position_ids.shape[-1]
+    def adopt_cache(self, cache) -> HfAttnCache:
+        """Another model's kind of cache, e.g. PEFT's prefix of virtual tokens (a `DynamicCache`, or a legacy tuple of
+        (keys, values) per layer, (B, n_head, tokens, D)), taken in as the past of an `HfAttnCache`."""
+        layers = cache if isinstance(cache, (tuple, list)) else [(layer.keys, layer.values) for layer in cache.layers]
+        if not layers or layers[0][0] is None or layers[0][0].shape[-2] == 0:
+            raise ValueError(
+                f"`cache` must be an HfAttnCache (`generate` and the model make one; or `HfAttnCache(model.config)`), "
+                f"got an empty {type(cache).__name__}."
+            )
+        if self.config.uses_positional_heads:
+            raise ValueError(
+                "A cache of past keys and values (e.g. PEFT prefix tuning) cannot be taken by positional heads: their "
+                "weights come from positions, not keys, so virtual tokens would only shift every position. Global "
+                "and local heads take one; use LoRA or prompt tuning for models with positional heads."
+            )
+        widths = {self.config.content_qk_dim, self.config.n_embd // self.config.n_head}
+        if len(layers) != self.config.n_layer or any(k.shape[1] != self.config.n_head for k, _ in layers):
+            raise ValueError(f"`cache` must hold {self.config.n_layer} layers of {self.config.n_head} heads.")
+        if len(widths) > 1:
+            raise ValueError("A foreign cache needs `content_qk_dim` equal to the values' width (n_embd / n_head).")
+        adopted = HfAttnCache(self.config)
+        for layer, (keys, values) in zip(adopted.layers, layers, strict=True):
+            layer.update(keys, values)
+        return adopted
+
+    def attention_inputs(self, attention_mask, position_ids, key_position_ids, keys_in_order=False, pair_mask=None,
+                         past_length=0) -> AttentionInputs:  # fmt: skip
         key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if attention_mask is not None and (tracing() or not bool(attention_mask.all())):
             key_mask = attention_mask.bool()
         rotary = None
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.content_qk_dim, self.config.rope_theta)
         return AttentionInputs(
-            key_mask=key_mask, num_keys=num_keys, key_positions=key_position_ids, keys_in_order=keys_in_order,
+            key_mask=key_mask, pair_mask=pair_mask, past_length=past_length, query_positions=position_ids,
+            key_positions=key_position_ids, keys_in_order=keys_in_order,
             positional_encoding=getattr(self, "wpp", None), rotary=rotary,
         )  # fmt: skip
 
@@ -326,7 +358,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
-        cache: HeadKindCache | None = None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
@@ -338,29 +370,43 @@ class HfAttnModel(HfAttnPreTrainedModel):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         r"""
+        attention_mask (`torch.Tensor`, *optional*):
+            (batch, keys) 0/1 over the cached and new tokens, or a custom (batch, 1, queries, keys) mask, bool (True
+            where a query may see a key) or additive float (0 there, a large negative elsewhere), as GPT-2 takes it.
+            Each head kind still sees only what it sees (a local head its window).
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Without a mask, positions that restart mark packed documents (padding-free batches): every head attends
+            only within its document.
         numeric_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Numbers embedded as `value * w + b` (needs `config.numeric_inputs`) at the positions of `numeric_mask`,
             or of `config.numeric_token_id` in `input_ids`, or everywhere when `input_ids` is None.
         numeric_mask (`torch.BoolTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Which positions take their embedding from `numeric_values`.
         """
-        if "past_key_values" in kwargs:
-            cache = kwargs.pop("past_key_values")
+        cache = kwargs.pop("past_key_values", cache)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         length = self.check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)
+        pair_mask = None
+        if attention_mask is not None and attention_mask.dim() == 4:
+            pair_mask, attention_mask = visible_pairs(attention_mask), None
 
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and not self.config.is_causal:
             use_cache = False  # a bidirectional model's past depends on the future: recompute instead
-        if cache is not None and not isinstance(cache, HeadKindCache):
-            raise ValueError(f"`cache` must be a HeadKindCache (made by the model itself), got {type(cache).__name__}.")
+        if cache is not None and not isinstance(cache, HfAttnCache):
+            cache = self.adopt_cache(cache)
         if use_cache and cache is None:
-            cache = HeadKindCache(self.config)
+            cache = HfAttnCache(self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
-        if attention_mask is not None and attention_mask.shape[-1] != past_length + length:
+        if isinstance(past_length, torch.Tensor):  # a static layer's own counter, which its updates move in place
+            past_length = past_length.clone()
+        static = cache is not None and cache.is_compileable
+        if static and output_attentions:
+            raise ValueError("`output_attentions` is not supported with a static cache; use the default cache.")
+        if attention_mask is not None and not (static or tracing()) and attention_mask.shape[-1] != past_length + length:
             raise ValueError(
                 f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
                 f"got {attention_mask.shape[-1]} columns."
@@ -371,19 +417,27 @@ class HfAttnModel(HfAttnPreTrainedModel):
             inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_positions)
 
         device = inputs_embeds.device
-        key_position_ids, keys_in_order = self.position_ids_from(attention_mask, past_length, length, device)
+        num_keys = cache.get_max_length() if static else None
+        key_position_ids, keys_in_order = self.position_ids_from(attention_mask, past_length, length, device, num_keys)
         if position_ids is None:
-            position_ids = key_position_ids[:, -length:]
-        elif past_length == 0:
+            if attention_mask is None:
+                position_ids = past_length + torch.arange(length, device=device)[None]
+            else:
+                position_ids = key_position_ids[:, -length:]
+        elif isinstance(past_length, int) and past_length == 0 and pair_mask is None:
             key_position_ids, keys_in_order = position_ids, False
+            if attention_mask is None:
+                pair_mask = same_document_pairs(position_ids)
         position_ids = position_ids.view(-1, length)
-        self.check_positions(key_position_ids)
+        self.check_positions(key_position_ids, position_ids)
 
         hidden_states = inputs_embeds
         if hasattr(self, "wpe"):
             hidden_states = hidden_states + self.wpe(position_ids).to(hidden_states.dtype)
         hidden_states = self.drop(hidden_states)
-        inputs = self.attention_inputs(attention_mask, position_ids, key_position_ids, keys_in_order)
+        inputs = self.attention_inputs(
+            attention_mask, position_ids, key_position_ids, keys_in_order, pair_mask, past_length
+        )
 
         all_hidden_states, all_attentions = [], []
         for layer_idx, block in enumerate(self.h):
@@ -404,6 +458,29 @@ class HfAttnModel(HfAttnPreTrainedModel):
         )
 
 
+def tracing() -> bool:
+    """Under torch.compile or torch.export: nothing may read a tensor on the host (a sync and a graph break)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def visible_pairs(mask: torch.Tensor) -> torch.Tensor:
+    """A custom 4D mask as (B|1, 1, T, S) bool, True where a query may see a key: bool masks as they are, additive
+    float masks (transformers' convention: 0 to attend, a large negative not to) where 0, integer masks where 1."""
+    if mask.dtype == torch.bool:
+        return mask
+    return mask == 0 if mask.is_floating_point() else mask == 1
+
+
+def same_document_pairs(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """(B, 1, T, T) bool: which tokens share a document, in rows packed without padding, where a document starts
+    wherever a position does not follow the previous one (TRL's `padding_free`); None when no row restarts."""
+    restarts = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    if not tracing() and not bool(restarts.any()):
+        return None
+    documents = torch.cat([torch.zeros_like(position_ids[:, :1]), restarts.long().cumsum(-1)], dim=-1)
+    return (documents[:, :, None] == documents[:, None, :])[:, None]
+
+
 # --- heads -----------------------------------------------------------------------------------------------------
 
 
@@ -421,7 +498,7 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
-        cache: HeadKindCache | None = None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
@@ -457,6 +534,28 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate`'s cache, made as for any model, then given this model's layers: an `HfAttnCache`, static with the
+        same length when `generate` made a `StaticCache` (`cache_implementation="static"`)."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        made = model_kwargs.get("cache")
+        if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
+            return
+        if type(made) not in (DynamicCache, StaticCache):
+            raise ValueError(
+                f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hf_attn "
+                "models; allowed: None or 'dynamic' (the default), 'static'."
+            )
+        max_cache_len = made.get_max_length() if isinstance(made, StaticCache) else None
+        model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
+        if generation_config.is_assistant:
+            model_kwargs["cache"].activate_past_recording()
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """With a static cache `generate` asks for 4D masks; hf_attn builds each kind's own from the 2D one (and
+        counts positions over it), so it keeps it."""
+        return attention_mask
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
         """A bidirectional model (`is_causal=False`) runs the whole sequence at every step: each new token changes

@@ -187,7 +187,7 @@ def test_attention_mask_must_cover_cached_tokens():
 def test_a_foreign_cache_is_refused():
     from transformers import DynamicCache
 
-    with pytest.raises(ValueError, match="HeadKindCache"):
+    with pytest.raises(ValueError, match="HfAttnCache"):
         generation_model("hybrid_gpt2")(torch.tensor([[4, 5]]), cache=DynamicCache())
 
 
