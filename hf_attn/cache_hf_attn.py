@@ -131,9 +131,8 @@ class HeadKindLayer(CacheLayerMixin):
 
     def split(self, states: torch.Tensor) -> dict[str, torch.Tensor]:
         """Layout-order (B, n_head, T, D) states, per kind."""
-        return {
-            name: states[:, [h for h, head_kind in enumerate(self.layout) if head_kind == name]] for name in self.by_kind
-        }
+        heads = {name: [h for h, kind in enumerate(self.layout) if kind == name] for name in self.by_kind}
+        return {name: states[:, indices] for name, indices in heads.items()}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         keys, values = self.split(key_states), self.split(value_states)
@@ -222,11 +221,8 @@ class HfAttnCache(Cache):
     """`Cache` for hf_attn models: dynamic, or static and compileable with `max_cache_len` (what
     `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too."""
 
-    def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None, **kwargs):
-        super().__init__(
-            layers=[HeadKindLayer(config, i, max_cache_len) for i in range(config.n_layer)],
-            **{key: value for key, value in kwargs.items() if key in ("offloading", "offload_only_non_sliding")},
-        )
+    def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None):
+        super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(config.n_layer)])
 
     def memory_bytes(self) -> int:
         """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's size."""

@@ -406,7 +406,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
         static = cache is not None and cache.is_compileable
         if static and output_attentions:
             raise ValueError("`output_attentions` is not supported with a static cache; use the default cache.")
-        if attention_mask is not None and not (static or tracing()) and attention_mask.shape[-1] != past_length + length:
+        checked = attention_mask is not None and not (static or tracing())
+        if checked and attention_mask.shape[-1] != past_length + length:
             raise ValueError(
                 f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
                 f"got {attention_mask.shape[-1]} columns."
@@ -443,7 +444,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
         for layer_idx, block in enumerate(self.h):
             if output_hidden_states:
                 all_hidden_states.append(hidden_states)
-            cache_layer = cache.layers[layer_idx] if use_cache else None
+            cache_layer = cache.layers[layer_idx] if cache is not None else None
             hidden_states, weights = block(hidden_states, inputs, cache_layer, output_attentions)
             all_attentions.append(weights)
         hidden_states = self.ln_f(hidden_states)
@@ -542,7 +543,10 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
         made = model_kwargs.get("cache")
         if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
             return
-        if type(made) not in (DynamicCache, StaticCache):
+        if not self.config.is_causal:  # a bidirectional model reruns the whole sequence at every step
+            del model_kwargs["cache"]
+            return
+        if type(made) not in (DynamicCache, StaticCache) or made.offloading:
             raise ValueError(
                 f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hf_attn "
                 "models; allowed: None or 'dynamic' (the default), 'static'."

@@ -163,8 +163,10 @@ BAD_FIELDS = [
     ({"positional_encoding": "random"}, "positional_encoding"),
     ({"block_style": "parallel"}, "block_style"),
     ({"local_attention_impl": "flash"}, "local_attention_impl"),
-    ({"positional_encoding": "onehot", "positional_encoding_dim": 5, "head_layout": [["global", "positional"]] * 2},
-     "positional_encoding_dim"),  # fmt: skip
+    (
+        {"positional_encoding": "onehot", "positional_encoding_dim": 5, "head_layout": [["global", "positional"]] * 2},
+        "positional_encoding_dim",
+    ),  # fmt: skip
     ({"positional_encoding": "sinusoidal", "positional_encoding_dim": 7}, "positional_encoding_dim"),
     ({"positional_qk_dim": 0}, "positional_qk_dim"),
     ({"content_qk_dim": 0}, "content_qk_dim"),

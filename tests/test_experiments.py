@@ -494,5 +494,5 @@ def test_without_matplotlib_the_tables_are_written_and_the_plots_skipped_saying_
             family.write_reports(tmp_path / name, results, experiment)
     assert not list(tmp_path.glob("**/*.png")) and len(list(tmp_path.glob("**/results.md"))) > 3
     warnings = [record.getMessage() for record in caplog.records if record.name == reports.__name__]
-    assert len(warnings) == 1 and 'pip install matplotlib' in warnings[0]
+    assert len(warnings) == 1 and "pip install matplotlib" in warnings[0]
     reports.plots_skipped.cache_clear()

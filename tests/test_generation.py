@@ -184,7 +184,7 @@ def test_attention_mask_must_cover_cached_tokens():
         model(torch.tensor([[4]]), attention_mask=torch.ones(1, 1), cache=prefix.cache)
 
 
-def test_a_foreign_cache_is_refused():
+def test_an_empty_foreign_cache_is_refused():
     from transformers import DynamicCache
 
     with pytest.raises(ValueError, match="HfAttnCache"):
@@ -214,9 +214,10 @@ def test_decoding_projects_only_the_new_positions():
         lambda model: model.transformer.h[0].attn.p_attn.weight.add_(0.5),  # as an optimizer does
         lambda model: model.transformer.h[0].attn.p_attn.weight.data.add_(0.5),  # the version counter does not move
         lambda model: model.transformer.wpp.weight.mul_(-1),  # learned P, changed in place
+        lambda model: model.transformer.wpp.weight.data.mul_(-1),  # learned P, through `.data`
         lambda model: model.load_state_dict(positional_decoder().state_dict()),  # another model's weights
     ],
-    ids=["p_attn_in_place", "p_attn_through_data", "learned_p_in_place", "load_state_dict"],
+    ids=["p_attn_in_place", "p_attn_through_data", "learned_p_in_place", "learned_p_through_data", "load_state_dict"],
 )
 def test_kept_decoding_keys_follow_parameter_changes(edit):
     model = positional_decoder()

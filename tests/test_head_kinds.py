@@ -116,8 +116,9 @@ def test_a_fourth_kind_is_one_table_entry(monkeypatch):
     """A new entry is accepted by the configuration, run by the layer, cached and described, with nothing else
     changed: here global attention through a full mask, which must compute what the global heads do."""
     global_kind = HEAD_KINDS["global"]
-    masked = dataclasses.replace(global_kind, name="masked_global", kernels={"masked": masked_local_attention},
-                                 kernel_field=None)  # one kernel: nothing to choose
+    masked = dataclasses.replace(
+        global_kind, name="masked_global", kernels={"masked": masked_local_attention}, kernel_field=None
+    )  # one kernel: nothing to choose
     monkeypatch.setitem(HEAD_KINDS, "masked_global", masked)
     layout = ["global", "masked_global", "local", "positional"]
     model = AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2", head_layout=[layout, layout])).eval()

@@ -1,0 +1,150 @@
+"""The cache is a transformers `Cache` of transformers' own layers, so what `generate` builds on `Cache` works:
+a cache `generate` makes itself, static caches and compiled decoding, crop for assisted and prompt-lookup decoding,
+and past keys and values from outside (PEFT's prefix tuning)."""
+
+import pytest
+import torch
+from conftest import MODEL_TYPES, tiny_config
+from test_convert_gpt2 import GPT2_FIELDS
+from test_generation import PAD, generation_model, greedy_by_recomputing, left_padded_prompts
+from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
+
+from hf_attn import HfAttnCache, convert_gpt2
+
+MIXED = [["global", "local", "positional", "positional"], ["positional", "global", "local", "global"]]
+GREEDY = dict(do_sample=False, pad_token_id=PAD)
+
+
+def mixed_model(**overrides):
+    return generation_model("hybrid_gpt2", head_layout=MIXED, **overrides)
+
+
+def test_generate_makes_a_cache_of_transformers_layers_per_kind():
+    model = mixed_model()
+    _, input_ids, attention_mask = left_padded_prompts()
+    out = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=3, return_dict_in_generate=True, **GREEDY
+    )
+    assert isinstance(out.cache, HfAttnCache)
+    layer = out.cache.layers[0]
+    assert isinstance(layer.by_kind["global"], DynamicLayer)
+    assert isinstance(layer.by_kind["local"], DynamicSlidingWindowLayer)  # keeps the last k = 2 tokens
+    assert layer.by_kind["positional"].keys.shape[-1] == 0  # values only
+    assert out.cache.get_seq_length() == input_ids.shape[1] + 2
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("overrides", [{}, {"position_embedding_type": "rope", "attend_to_self": True}])
+def test_static_cache_decodes_what_recomputing_decodes(model_type, overrides):
+    model = generation_model(model_type, **overrides)
+    _, input_ids, attention_mask = left_padded_prompts()
+    expected = greedy_by_recomputing(model, input_ids, attention_mask, steps=10)
+    out = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=10, cache_implementation="static",
+        return_dict_in_generate=True, **GREEDY,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, expected)
+    assert out.cache.is_compileable
+    for layer in out.cache.layers:
+        for name, kind_layer in layer.by_kind.items():
+            assert isinstance(kind_layer, StaticSlidingWindowLayer if name == "local" else StaticLayer)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("cache_implementation", ["static", None])
+def test_a_forward_compiled_as_one_graph_decodes_as_eager(model_type, cache_implementation):
+    """`generate` through `torch.compile(model.forward, fullgraph=True)`: any graph break is an error."""
+    model = generation_model(model_type)
+    _, input_ids, attention_mask = left_padded_prompts()
+    generate = dict(attention_mask=attention_mask, max_new_tokens=8, **GREEDY)
+    expected = model.generate(input_ids, **generate)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+    assert torch.equal(model.generate(input_ids, cache_implementation=cache_implementation, **generate), expected)
+
+
+def test_an_unsupported_cache_implementation_is_refused():
+    with pytest.raises(ValueError, match="cache_implementation.*'static'"):
+        mixed_model().generate(torch.tensor([[4, 5]]), max_new_tokens=2, cache_implementation="offloaded", **GREEDY)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding(model_type):
+    """Both verify drafted tokens and `crop` the rejected ones from every kind's cache, windows slid past included."""
+    model = generation_model(model_type)
+    draft = generation_model(model_type, n_layer=1)  # a smaller hf_attn model of the same vocabulary
+    prompt = torch.randint(3, 37, (1, 9))
+    expected = greedy_by_recomputing(model, prompt, torch.ones_like(prompt), steps=12)
+    for how in (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=3)):
+        assert torch.equal(model.generate(prompt, max_new_tokens=12, **how, **GREEDY), expected), how
+
+
+def test_crop_puts_every_kind_back():
+    model = mixed_model()
+    input_ids = torch.randint(3, 37, (2, 14))
+    with torch.no_grad():
+        cache = model(input_ids[:, :8], use_cache=True).cache
+        cache.activate_past_recording()
+        model(input_ids[:, 8:12], cache=cache)  # four drafted tokens, past the local window
+        cache.crop(-3)  # three rejected
+        assert cache.get_seq_length() == 9
+        step = model(input_ids[:, 9:10], cache=cache).logits[:, -1]
+        whole = model(input_ids[:, :10], use_cache=False).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_crop_past_a_slid_window_without_recording_is_refused():
+    model = mixed_model()
+    cache = model(torch.randint(3, 37, (1, 8)), use_cache=True).cache
+    with pytest.raises(RuntimeError, match="activate_past_recording"):
+        cache.crop(-2)
+
+
+def random_prefix(config, batch: int, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    head_dim = config.n_embd // config.n_head
+    return [(torch.randn(batch, config.n_head, tokens, head_dim),) * 2 for _ in range(config.n_layer)]
+
+
+@pytest.mark.parametrize("as_tuple", [False, True], ids=["DynamicCache", "legacy_tuple"])
+def test_past_keys_and_values_from_outside_give_gpt2s_logits(as_tuple):
+    """A prefix of keys and values (what PEFT's prefix tuning passes) reaches global heads as it reaches GPT-2's."""
+    gpt2 = GPT2LMHeadModel(GPT2Config(**GPT2_FIELDS)).eval()
+    model = convert_gpt2(gpt2, "hybrid_gpt2", num_local_heads=0, attend_to_self=True)
+    prefix = random_prefix(gpt2.config, batch=2, tokens=3)
+    input_ids = torch.randint(0, 50, (2, 5))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    positions = torch.arange(3, 8)[None].expand(2, -1)
+    with torch.no_grad():
+        expected = gpt2(input_ids, past_key_values=DynamicCache(prefix), attention_mask=mask, position_ids=positions)
+        given = tuple(prefix) if as_tuple else DynamicCache(prefix)
+        got = model(input_ids, cache=given, attention_mask=mask)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=0)
+
+
+def test_prefix_tuning_trains_local_and_global_heads_and_refuses_positional_ones():
+    from peft import PrefixTuningConfig, get_peft_model
+
+    input_ids = torch.randint(3, 37, (2, 7))
+    prefix_tuning = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)
+    for model_type in ("local_gpt2", "hybrid_gpt2"):
+        model = get_peft_model(AutoModelForCausalLM.from_config(tiny_config(model_type)), prefix_tuning)
+        model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=input_ids).loss.backward()
+        trained = [name for name, p in model.named_parameters() if p.grad is not None]
+        assert trained and all("prompt_encoder" in name for name in trained), model_type
+        generated = model.generate(input_ids=input_ids, max_new_tokens=3, **GREEDY)
+        assert generated.shape == (2, 10)
+    positional = get_peft_model(AutoModelForCausalLM.from_config(tiny_config("positional_gpt2")), prefix_tuning)
+    with pytest.raises(ValueError, match="positional heads.*positions"):
+        positional(input_ids=input_ids, labels=input_ids)
+
+
+def test_a_static_cache_holds_a_fixed_size_and_its_local_part_the_window():
+    model = mixed_model()
+    cache = HfAttnCache(model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(torch.randint(3, 37, (2, 9)), cache=cache)
+    tensors = cache.layers[0].tensors()
+    assert tensors["global_keys"].shape[-2] == tensors["positional_values"].shape[-2] == 32
+    assert tensors["local_keys"].shape[-2] == 3  # k + 1 slots: transformers' window counts the query
+    assert "positional_keys" not in tensors
