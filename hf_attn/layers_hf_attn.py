@@ -19,6 +19,7 @@ from .attention_hf_attn import (
     Visibility,
     apply_positional_weights,
     apply_rotary,
+    window_overlay,
 )
 from .cache_hf_attn import HeadKindLayer
 from .configuration_hf_attn import HfAttnConfig
@@ -55,7 +56,16 @@ class AttentionInputs:
         device = self.key_positions.device
         key_index = key_start + torch.arange(num_slots, device=device)
         query_index = self.past_length + torch.arange(num_queries, device=device)
-        mask = visibility.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
+        if self.pair_mask is not None and visibility.local_window is not None:
+            # Under a custom mask or packed documents index and position part ways (a shared prefix, a restart):
+            # a local head sees the k previous positions, as it would in the sequences the mask stands for.
+            unwindowed = Visibility(visibility.is_causal, visibility.attend_to_self)
+            mask = unwindowed.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
+            key_positions = self.positions_at(key_start, num_slots, contiguous)
+            near = window_overlay(visibility.local_window)(self.query_positions[:, :, None], key_positions[:, None])
+            mask = mask & near[:, None]
+        else:
+            mask = visibility.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
         if self.key_mask is not None:
             columns, known = _columns(key_index, self.key_mask.shape[-1])
             mask = mask & (self.key_mask[:, columns] & known)[:, None, None, :]

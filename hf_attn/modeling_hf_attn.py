@@ -425,9 +425,9 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 position_ids = past_length + torch.arange(length, device=device)[None]
             else:
                 position_ids = key_position_ids[:, -length:]
-        elif isinstance(past_length, int) and past_length == 0 and pair_mask is None:
+        elif isinstance(past_length, int) and past_length == 0:
             key_position_ids, keys_in_order = position_ids, False
-            if attention_mask is None:
+            if attention_mask is None and pair_mask is None:
                 pair_mask = same_document_pairs(position_ids)
         position_ids = position_ids.view(-1, length)
         self.check_positions(key_position_ids, position_ids)
