@@ -175,6 +175,45 @@ def global_attention(
     return masked_sdpa(q, k, v, mask, scale, dropout)
 
 
+@functools.cache
+def _compiled_flex_attention() -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_global_attention(
+    q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
+) -> torch.Tensor:
+    """(B, H, T, D) content attention through FlexAttention (`attn_implementation="flex_attention"`), whose block
+    mask skips the blocks no query sees. Compiled, as transformers runs it, unless the model is being compiled.
+
+    FlexAttention has no dropout, and PyTorch gives it no backward on CPU: train with it on a GPU.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if dropout > 0:
+        raise ValueError("`attn_implementation='flex_attention'` has no attention dropout: set `attn_pdrop=0`.")
+    batch, num_queries, num_keys = q.shape[0], q.shape[-2], k.shape[-2]
+    if key_mask is not None and key_mask.dim() == 4:
+        whole = key_mask.expand(batch, -1, -1, -1)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return whole[b, 0, q_idx, kv_idx]
+
+    else:
+        visible, query_start = visibility.predicate, num_keys - num_queries
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            seen = visible(q_idx + query_start, kv_idx)
+            return seen if key_mask is None else seen & key_mask[b, kv_idx]
+
+    mask_batch = None if key_mask is None else batch
+    block_mask = create_block_mask(mask_mod, mask_batch, None, num_queries, num_keys, device=q.device)
+    run = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention()
+    return run(q, k, v, block_mask=block_mask, scale=scale)
+
+
 # --- local heads -----------------------------------------------------------------------------------------------
 
 

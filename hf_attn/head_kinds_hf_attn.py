@@ -12,10 +12,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
 from .attention_hf_attn import (
     Visibility,
     compiled_local_attention,
     eager_attention,
+    flex_global_attention,
     fused_positional_attention,
     global_attention,
     local_attention,
@@ -53,11 +57,34 @@ class HeadKind:
     kernel_with_weights: Callable | None = None  # also returns the (B|1, H, T, S) weights
     window_field: str | None = None  # the config field bounding how far a query sees, and how much is cached
     config_fields: tuple[str, ...] = ()  # the config fields that shape what this kind alone computes
+    # Its name in transformers' `AttentionInterface`, where its kernels are registered (see `attention_function`);
+    # None for global heads, whose kernel is transformers' own choice, `attn_implementation`.
+    interface_name: str | None = None
 
     def kernel(self, config: HfAttnConfig) -> Callable:
         """The kernel the config chooses; the first one when it chooses none (`attn_implementation` unset)."""
         choice = getattr(config, self.kernel_field) if self.kernel_field else None
         return self.kernels[choice or next(iter(self.kernels))]
+
+    def attention_function(self) -> Callable:
+        """What runs this kind's heads, as transformers' attention interface calls it: `(module, query, key, value,
+        attention_mask, scaling, dropout) -> (output (B, T, H, D), weights)`. Looked up in `ALL_ATTENTION_FUNCTIONS`
+        at every call, so registering another function under `interface_name` swaps the kernel of every model."""
+        if self.interface_name is None:
+            return self.run
+        return ALL_ATTENTION_FUNCTIONS[self.interface_name]
+
+    def run(self, module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+        """This kind's heads of an hf_attn attention layer (`module`) through the kernel its config chose.
+        `attention_mask` is the kernel's `key_mask`: None, (B, S) padding, or a whole (B|1, 1, T, S) mask."""
+        kernels = getattr(module, "kernels", {})
+        if self.name not in kernels:
+            raise ValueError(
+                f"The attention function {self.interface_name or self.name!r} runs the {self.name} heads of hf_attn "
+                f"layers; {type(module).__name__} has none."
+            )
+        out = kernels[self.name](query, key, value, module.visibility[self.name], attention_mask, scaling, dropout)
+        return out.transpose(1, 2), None
 
     def window(self, config: HfAttnConfig) -> int | None:
         """How many positions back (and, when bidirectional, ahead) a query sees; None for all of them. The cache
@@ -89,7 +116,7 @@ def visible_keys(visibility: Visibility) -> str:
 GLOBAL = HeadKind(
     name="global",
     content=True,
-    kernels={"sdpa": global_attention, "eager": eager_attention},
+    kernels={"sdpa": global_attention, "eager": eager_attention, "flex_attention": flex_global_attention},
     kernel_field=ATTN_IMPLEMENTATION,  # transformers' own choice, `attn_implementation`, checked by the model
     kernel_with_weights=masked_attention_with_weights,
     cached=("keys", "values"),
@@ -104,6 +131,7 @@ LOCAL = HeadKind(
     cached=("keys", "values"),  # the last `local_window` only: a k-local head never looks further back
     window_field="local_window",
     config_fields=("local_window",),
+    interface_name="hf_attn_local",
     summary="each query attends by content to {visible} only",
 )
 POSITIONAL = HeadKind(
@@ -118,12 +146,16 @@ POSITIONAL = HeadKind(
     kernel_with_weights=positional_attention_with_weights,
     cached=("values",),  # its weights come from positions, not from the keys of past tokens
     config_fields=("positional_encoding", "positional_encoding_dim", "positional_qk_dim"),
+    interface_name="hf_attn_positional",
     summary="each query weighs {visible} by the fixed positional encoding P alone, with the same weights for "
     "every input (the values still come from the data)",
 )
 
 # In the order a layer groups its heads by kind.
 HEAD_KINDS: dict[str, HeadKind] = {kind.name: kind for kind in (GLOBAL, LOCAL, POSITIONAL)}
+for _kind in HEAD_KINDS.values():
+    if _kind.interface_name is not None:
+        AttentionInterface.register(_kind.interface_name, _kind.run)
 
 
 def kinds_in(*layers: list[str]) -> list[HeadKind]:

@@ -372,12 +372,16 @@ class HfAttnAttention(nn.Module):
         key_mask = inputs.key_mask_for(visibility, key_start, values.shape[-2], length, contiguous)
         return keys, values, key_start, contiguous, key_mask
 
+    def attend(self, kind: HeadKind, q, k, v, key_mask, scale: float, dropout: float) -> torch.Tensor:
+        """(B, H, T, D): `kind`'s heads through its function in transformers' attention interface."""
+        return kind.attention_function()(self, q, k, v, key_mask, scaling=scale, dropout=dropout)[0].transpose(1, 2)
+
     def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
         k, v, _, _, key_mask = self.cached(kind, k, v, q.shape[-2], inputs, cache_layer)
         visibility = self.visibility[kind.name]
         if output_attentions:
             return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v
-        return self.kernels[kind.name](q, k, v, visibility, key_mask, self.scale, dropout), None, v
+        return self.attend(kind, q, k, v, key_mask, self.scale, dropout), None, v
 
     def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float,
                          output_attentions: bool):  # fmt: skip
@@ -390,10 +394,10 @@ class HfAttnAttention(nn.Module):
         if not contiguous:  # a static cache's slots: P at the queries' and at the slots' positions
             pq = self.positional_projection(inputs.positional_encoding(inputs.query_positions))[:, :, 0]
             key_rows = inputs.positional_encoding(inputs.positions_at(key_start, num_keys, contiguous))
-            pk = self.positional_projection(key_rows)[:, :, 1]
-            kernel = kind.kernel_with_weights if output_attentions else self.kernels[kind.name]
-            out = kernel(pq.transpose(1, 2), pk.transpose(1, 2), v, visibility, key_mask, scale, dropout)
-            return (*out, v) if output_attentions else (out, None, v)
+            pq, pk = pq.transpose(1, 2), self.positional_projection(key_rows)[:, :, 1].transpose(1, 2)
+            if output_attentions:
+                return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v
+            return self.attend(kind, pq, pk, v, key_mask, scale, dropout), None, v
         decoding = length < num_keys
         if decoding and DecodingKeys.applies():
             rows = inputs.positional_encoding(inputs.query_positions)  # the queries' rows only
@@ -416,7 +420,7 @@ class HfAttnAttention(nn.Module):
         if seen or output_attentions:
             out, weights = kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout)
         else:
-            out, weights = self.kernels[kind.name](pq, pk, v, visibility, key_mask, scale, dropout), None
+            out, weights = self.attend(kind, pq, pk, v, key_mask, scale, dropout), None
         if reusable:
             self.inference_weights.remember(self.p_attn, rows, weights if seen else None)
         return out, weights, v

@@ -56,11 +56,15 @@ class HfAttnPreTrainedModel(PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
-    # `attn_implementation` chooses the global heads' kernel (HEAD_KINDS["global"].kernels: "sdpa", "eager"); local and
-    # positional heads always run their own. FlashAttention and FlexAttention are refused (`get_correct_attn_...`).
+    # `attn_implementation` chooses the global heads' kernel (HEAD_KINDS["global"].kernels: "sdpa", "eager",
+    # "flex_attention"); local and positional heads run theirs, registered in transformers' `AttentionInterface` as
+    # "hf_attn_local" and "hf_attn_positional". FlashAttention is refused (`get_correct_attn_implementation`): its
+    # kernels take no per-head masks. The cache is static-capable and `forward` captures as one graph.
     _supports_sdpa = True
+    _supports_flex_attn = True
     _supports_flash_attn = False
-    _supports_flex_attn = False
+    _supports_attention_backend = False
+    _can_compile_fullgraph = True
     # Set to `hf_attn.hub` when hf_attn is imported. Where this file runs as remote code without hf_attn it stays None,
     # and saving and pushing are transformers' own (without a card: the templates are not exported).
     sharing: ClassVar[Sharing | None] = None

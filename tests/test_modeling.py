@@ -358,7 +358,61 @@ def test_attn_implementation_eager_equals_sdpa(model_type, attend_to_self):
         assert global_kernels(sdpa) == {eager_attention}
 
 
-@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention", "paged|eager"])
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "paged|eager", "hf_attn_local"])
 def test_unsupported_attn_implementation_is_refused_listing_what_is(implementation):
-    with pytest.raises(ValueError, match=re.escape("allowed: ['sdpa', 'eager']")):
+    with pytest.raises(ValueError, match=re.escape("allowed: ['sdpa', 'eager', 'flex_attention']")):
         AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2"), attn_implementation=implementation)
+
+
+@pytest.mark.parametrize("attend_to_self", [False, True])
+def test_attn_implementation_flex_attention_equals_sdpa(attend_to_self):
+    """FlexAttention runs the global heads (inference only on CPU: PyTorch gives it no backward there)."""
+    layout = [["global", "local", "positional", "global"]] * 2
+    config = tiny_config("hybrid_gpt2", head_layout=layout, attend_to_self=attend_to_self)
+    sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    flex = AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention").eval()
+    flex.load_state_dict(sdpa.state_dict())
+    input_ids = torch.randint(3, 37, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0
+    with torch.no_grad():
+        for mask in (None, attention_mask):
+            expected = sdpa(input_ids, attention_mask=mask).logits
+            torch.testing.assert_close(flex(input_ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_local_heads_run_the_function_registered_in_transformers_attention_interface():
+    """Registering another function under "hf_attn_local" (transformers' `AttentionInterface`) swaps the local heads'
+    kernel of every model: here the naive reference, which must give the same logits."""
+    from transformers import AttentionInterface
+
+    from hf_attn.head_kinds_hf_attn import LOCAL
+
+    config = tiny_config("hybrid_gpt2", head_layout=[["global", "local", "positional", "local"]] * 2)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    input_ids = torch.randint(3, 37, (2, 9))
+    calls = []
+
+    def naive_local(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        calls.append(query.shape)
+        out, _ = naive_attention(query, key, value, config.is_causal, config.attend_to_self, config.local_window,
+                                 attention_mask, scaling)  # fmt: skip
+        return out.to(query.dtype).transpose(1, 2), None
+
+    with torch.no_grad():
+        expected = model(input_ids).logits
+        AttentionInterface.register("hf_attn_local", naive_local)
+        try:
+            got = model(input_ids).logits
+        finally:
+            AttentionInterface.register("hf_attn_local", LOCAL.run)
+    assert calls == [(2, 2, 9, 8)] * 2  # both local heads of each layer, together
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_registered_head_kind_function_refuses_a_module_without_such_heads():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    q = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="hf_attn_positional.*positional heads"):
+        ALL_ATTENTION_FUNCTIONS["hf_attn_positional"](torch.nn.Linear(1, 1), q, q, q, None, scaling=1.0)
