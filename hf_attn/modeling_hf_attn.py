@@ -236,17 +236,13 @@ class HfAttnModel(HfAttnPreTrainedModel):
             positions = positions & attention_mask[:, -positions.shape[-1] :].bool()
         return positions
 
-    def check_values(self, input_ids, attention_mask, numeric_values, numeric_positions) -> None:
-        """Refuses token ids outside the vocabulary, masks other than 0/1 and non-finite numbers where used.
-
-        Unchecked, `wte` fails with a bare IndexError, a 2 in the mask silently counts as 1, and one NaN spreads to
-        every position (0 * NaN in attention) and into the gradients. The checks run on the device and come back
-        together: one host sync for all of them. Skipped under torch.compile, where that sync would break the graph.
-        """
-        if torch.compiler.is_compiling():
-            return
+    def refusals(self, input_ids, attention_mask, numeric_values, numeric_positions) -> dict[str, tuple]:
+        """Per checked field: its values, where a value is refused, and what is allowed. Token ids outside the
+        vocabulary, masks other than 0/1 and non-finite numbers where used are refused: unchecked, `wte` fails with
+        a bare IndexError, a 2 in the mask silently counts as 1, and one NaN spreads to every position (0 * NaN in
+        attention) and into the gradients."""
         vocab_size = self.config.vocab_size
-        checks = {}  # field -> (its values, True where a value is refused, what is allowed)
+        checks = {}
         if input_ids is not None:
             out_of_range = (input_ids < 0) | (input_ids >= vocab_size)
             checks["input_ids"] = (input_ids, out_of_range, f"token ids in [0, {vocab_size}) (`vocab_size`)")
@@ -261,11 +257,37 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 "finite numbers where they are used (values at padding and outside `numeric_mask` / "
                 "`numeric_token_id` are ignored)",
             )
-        if not checks:
-            return
-        found = torch.stack([refused.any() for _, refused, _ in checks.values()]).tolist()  # the one host sync
-        for (field, (values, refused, allowed)), is_found in zip(checks.items(), found, strict=True):
-            if is_found:
+        return checks
+
+    def ask(self, refusals: dict, attention_mask, position_ids, past_length, length: int) -> dict[str, int]:
+        """Every question `forward` has about its inputs' values, asked on the device and read in one host sync:
+        one wait per forward for an accelerator, not one per question. Under graph capture nothing is asked (an
+        empty dict): the checks are skipped and the fast paths that need an answer are not taken."""
+        if tracing():
+            return {}
+        questions = {f"refused {field}": refused.any() for field, (_, refused, _) in refusals.items()}
+        if attention_mask is not None:
+            questions["unpadded"] = attention_mask.all()
+            positions, row_in_order = positions_and_order(attention_mask)
+            questions["rows in order"] = row_in_order.all()
+            if attention_mask.shape[-1] > self.config.n_positions:  # below, no position can be out of range
+                shared = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+                questions["largest position"] = torch.where(row_in_order, shared, positions).max()
+        else:
+            questions["largest position"] = past_length + length - 1
+        if position_ids is not None:
+            questions["largest given position"] = position_ids.max()
+            if attention_mask is None:
+                questions["restarts"] = restarts_of(position_ids).any()
+        tensors = {name: q for name, q in questions.items() if isinstance(q, torch.Tensor)}
+        read = torch.stack([q.long() for q in tensors.values()]).tolist() if tensors else []  # the one sync
+        known = {name: q for name, q in questions.items() if name not in tensors}
+        return known | dict(zip(tensors, read, strict=True))
+
+    @staticmethod
+    def raise_refused(refusals: dict, answers: dict[str, int]) -> None:
+        for field, (values, refused, allowed) in refusals.items():
+            if answers.get(f"refused {field}"):
                 row, position = refused.nonzero()[0].tolist()
                 raise ValueError(
                     f"`{field}` must hold {allowed}; got {values[row, position].item()} at row {row}, "
@@ -284,34 +306,32 @@ class HfAttnModel(HfAttnPreTrainedModel):
         numbers = self.wne(values[..., None].to(self.wne.weight.dtype))  # (B, T, E)
         return numbers if embeds is None else torch.where(numeric_positions[..., None], numbers, embeds)
 
-    def position_ids_from(
-        self, attention_mask, past_length, length: int, device, num_keys: int | None = None
-    ) -> tuple[torch.Tensor, bool]:
+    def position_ids_from(self, attention_mask, past_length, length: int, device, num_keys: int | None = None,
+                          in_order: bool | None = None) -> tuple[torch.Tensor, bool]:  # fmt: skip
         """(B|1, past + T) positions of every key: real tokens counted from 0, as `generate` does with padding; and
-        whether key j simply sits at position j. `num_keys` replaces past + T without a mask (a static cache's size).
+        whether key j simply sits at position j. `num_keys` replaces past + T without a mask (a static cache's size);
+        `in_order` is the answer, when already read, to whether every row's key j sits at position j.
 
         One row for the whole batch unless some row is left-padded: then positional heads' weights stay one
         tensor for the batch (right padding, the usual training case, only masks keys). Under graph capture the
-        question is not asked (it would read the mask on the host): every row gets its own.
+        question is not asked: every row gets its own.
         """
         if attention_mask is None:
             return torch.arange(past_length + length if num_keys is None else num_keys, device=device)[None], True
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        positions, row_in_order = positions_and_order(attention_mask)
         shared = torch.arange(attention_mask.shape[-1], device=device)[None]
-        # Decided row by row, so that a row's positions (padding's included) never depend on the other rows.
-        row_in_order = ((positions == shared) | (attention_mask == 0)).all(-1, keepdim=True)  # (B, 1)
-        if not tracing() and bool(row_in_order.all()):
+        if in_order is None:
+            in_order = not tracing() and bool(row_in_order.all())
+        if in_order:
             return shared, True
+        # Chosen row by row, so that a row's positions (padding's included) never depend on the other rows.
         return torch.where(row_in_order, shared, positions), False
 
-    def check_positions(self, *position_ids: torch.Tensor) -> None:
+    def check_positions(self, largest: int | None) -> None:
         """Positions beyond the position tables are refused (eagerly; under graph capture the lookup fails instead)."""
         config = self.config
         tabled = config.position_embedding_type in ("learned", "sinusoidal") or config.uses_positional_heads
-        if not tabled or tracing():
-            return
-        largest = int(max(ids.max() for ids in position_ids))
-        if largest >= config.n_positions:
+        if tabled and largest is not None and largest >= config.n_positions:
             raise ValueError(
                 f"Position {largest} is beyond `n_positions`={config.n_positions}, the longest the "
                 f"position encodings support (`position_embedding_type`={config.position_embedding_type!r}"
@@ -345,10 +365,11 @@ class HfAttnModel(HfAttnPreTrainedModel):
         return adopted
 
     def attention_inputs(self, attention_mask, position_ids, key_position_ids, keys_in_order=False, pair_mask=None,
-                         past_length=0) -> AttentionInputs:  # fmt: skip
-        key_mask = None
-        if attention_mask is not None and (tracing() or not bool(attention_mask.all())):
-            key_mask = attention_mask.bool()
+                         past_length=0, unpadded: bool | None = None) -> AttentionInputs:  # fmt: skip
+        """`unpadded`: the answer, when already read, to whether the mask hides nothing (then it is dropped)."""
+        if unpadded is None:
+            unpadded = attention_mask is None or (not tracing() and bool(attention_mask.all()))
+        key_mask = None if attention_mask is None or unpadded else attention_mask.bool()
         rotary = None
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.content_qk_dim, self.config.rope_theta)
@@ -417,13 +438,18 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 f"got {attention_mask.shape[-1]} columns."
             )
         numeric_positions = self.numeric_positions(input_ids, numeric_values, numeric_mask, attention_mask)
-        self.check_values(input_ids, attention_mask, numeric_values, numeric_positions)
+        refusals = self.refusals(input_ids, attention_mask, numeric_values, numeric_positions)
+        answers = self.ask(refusals, attention_mask, position_ids, past_length, length)
+        self.raise_refused(refusals, answers)
         if inputs_embeds is None:
             inputs_embeds = self.embed_inputs(input_ids, numeric_values, numeric_positions)
 
         device = inputs_embeds.device
         num_keys = cache.get_max_length() if static else None
-        key_position_ids, keys_in_order = self.position_ids_from(attention_mask, past_length, length, device, num_keys)
+        in_order = False if tracing() else answers.get("rows in order")
+        key_position_ids, keys_in_order = self.position_ids_from(
+            attention_mask, past_length, length, device, num_keys, in_order
+        )
         if position_ids is None:
             if attention_mask is None:
                 position_ids = past_length + torch.arange(length, device=device)[None]
@@ -431,17 +457,18 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 position_ids = key_position_ids[:, -length:]
         elif isinstance(past_length, int) and past_length == 0:
             key_position_ids, keys_in_order = position_ids, False
-            if attention_mask is None and pair_mask is None:
+            if attention_mask is None and pair_mask is None and (tracing() or answers["restarts"]):
                 pair_mask = same_document_pairs(position_ids)
         position_ids = position_ids.view(-1, length)
-        self.check_positions(key_position_ids, position_ids)
+        self.check_positions(max(answers.get("largest position", -1), answers.get("largest given position", -1)))
 
         hidden_states = inputs_embeds
         if hasattr(self, "wpe"):
             hidden_states = hidden_states + self.wpe(position_ids).to(hidden_states.dtype)
         hidden_states = self.drop(hidden_states)
+        unpadded = False if tracing() else answers.get("unpadded", True)
         inputs = self.attention_inputs(
-            attention_mask, position_ids, key_position_ids, keys_in_order, pair_mask, past_length
+            attention_mask, position_ids, key_position_ids, keys_in_order, pair_mask, past_length, unpadded
         )
 
         all_hidden_states, all_attentions = [], []
@@ -476,13 +503,23 @@ def visible_pairs(mask: torch.Tensor) -> torch.Tensor:
     return mask == 0 if mask.is_floating_point() else mask == 1
 
 
-def same_document_pairs(position_ids: torch.Tensor) -> torch.Tensor | None:
+def positions_and_order(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) positions counting each row's real tokens from 0, and (B, 1) whether in each row key j sits at
+    position j wherever there is a token (no left padding, no holes)."""
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    shared = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return positions, ((positions == shared) | (attention_mask == 0)).all(-1, keepdim=True)
+
+
+def restarts_of(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T - 1) where a position does not follow the previous one: a packed document starts."""
+    return position_ids[:, 1:] != position_ids[:, :-1] + 1
+
+
+def same_document_pairs(position_ids: torch.Tensor) -> torch.Tensor:
     """(B, 1, T, T) bool: which tokens share a document, in rows packed without padding, where a document starts
-    wherever a position does not follow the previous one (TRL's `padding_free`); None when no row restarts."""
-    restarts = position_ids[:, 1:] != position_ids[:, :-1] + 1
-    if not tracing() and not bool(restarts.any()):
-        return None
-    documents = torch.cat([torch.zeros_like(position_ids[:, :1]), restarts.long().cumsum(-1)], dim=-1)
+    wherever a position does not follow the previous one (TRL's `padding_free`)."""
+    documents = torch.cat([torch.zeros_like(position_ids[:, :1]), restarts_of(position_ids).long().cumsum(-1)], -1)
     return (documents[:, :, None] == documents[:, None, :])[:, None]
 
 

@@ -78,3 +78,38 @@ def test_bad_input_is_still_refused_eagerly():
         model(torch.tensor([[3, 99]]))
     with pytest.raises(ValueError, match="n_positions"):
         model(torch.tensor([[3, 4]]), position_ids=torch.tensor([[0, 64]]))
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Records every call that brings a tensor's value to the host (a sync with an accelerator)."""
+
+    READS = {"__bool__", "__int__", "__index__", "__float__", "item", "tolist", "nonzero", "equal"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in self.READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"attention_mask": "left_padded"}, {"position_ids": "packed"}],
+    ids=["plain", "mask", "packed"],
+)
+def test_an_eager_training_forward_reads_the_device_once(extra):
+    """Every question about the inputs' values (bad ids, padding, positions, packed documents) is read in one go."""
+    model = model_of("mixed", AutoModelForCausalLM).train()
+    input_ids = torch.randint(3, 37, (2, 9))
+    inputs = {"input_ids": input_ids, "labels": input_ids}
+    if "attention_mask" in extra:
+        inputs["attention_mask"] = torch.ones_like(input_ids)
+        inputs["attention_mask"][0, :2] = 0
+    if "position_ids" in extra:
+        inputs["position_ids"] = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]] * 2)
+    with HostReads() as recorded:
+        model(**inputs)
+    assert recorded.reads == ["tolist"]
