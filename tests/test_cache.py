@@ -148,3 +148,14 @@ def test_a_static_cache_holds_a_fixed_size_and_its_local_part_the_window():
     assert tensors["global_keys"].shape[-2] == tensors["positional_values"].shape[-2] == 32
     assert tensors["local_keys"].shape[-2] == 3  # k + 1 slots: transformers' window counts the query
     assert "positional_keys" not in tensors
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_generate_continues_from_the_cache_it_returned(model_type):
+    model = generation_model(model_type)
+    input_ids = torch.randint(3, 37, (2, 6))
+    expected = model.generate(input_ids, max_new_tokens=10, **GREEDY)
+    first = model.generate(input_ids, max_new_tokens=4, return_dict_in_generate=True, **GREEDY)
+    whole = torch.ones_like(first.sequences)  # a generated token may be the pad token: nothing is padding here
+    continued = model.generate(first.sequences, attention_mask=whole, cache=first.cache, max_new_tokens=6, **GREEDY)
+    assert torch.equal(continued, expected)
