@@ -5,7 +5,7 @@ state dict loads into a global-only layout.
 """
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -46,6 +46,7 @@ class AttentionInputs:
     keys_in_order: bool  # key j sits at position j for every sample: per-position tables are sliced, not gathered
     positional_encoding: nn.Module | None  # P: position ids -> rows (..., d_P), when the model has positional heads
     rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin (B|1, 1, T, D) at the query positions
+    memo: dict = field(default_factory=dict)  # what every layer reads alike, made by the first
 
     def key_mask_for(self, visibility: Visibility, key_start, num_slots: int, num_queries: int, contiguous: bool):
         """What a kernel takes as `key_mask` for keys at absolute indices `key_start` onwards: the (B, S) padding mask
@@ -73,6 +74,15 @@ class AttentionInputs:
             columns, known = _columns(key_index, self.pair_mask.shape[-1])
             mask = mask & self.pair_mask[..., columns] & known
         return mask
+
+    def positional_rows(self, key_start, num_slots: int, num_positions: int) -> torch.Tensor:
+        """(B|1, S) rows of P at the positions of a static cache's slots, made once per forward for every layer.
+        Slots not yet filled lie beyond the tokens and are masked: their positions are only kept inside P's table."""
+        key = ("positional_rows", key_start, num_slots)
+        if key not in self.memo:
+            positions = self.positions_at(key_start, num_slots, contiguous=False).clamp(max=num_positions - 1)
+            self.memo[key] = self.positional_encoding(positions)
+        return self.memo[key]
 
     def positions_at(self, key_start, num_slots: int, contiguous: bool) -> torch.Tensor:
         """(B|1, S) positions of the keys at absolute indices `key_start` onwards."""
@@ -391,12 +401,8 @@ class HfAttnAttention(nn.Module):
         _, v, key_start, contiguous, key_mask = self.cached(kind, v, v, length, inputs, cache_layer)
         visibility, scale = self.visibility[kind.name], self.positional_qk_dim**-0.5
         num_keys = v.shape[-2]
-        if not contiguous:  # a static cache's slots: P at the queries' and at the slots' positions
-            pq = self.positional_projection(inputs.positional_encoding(inputs.query_positions))[:, :, 0]
-            key_rows = inputs.positional_encoding(inputs.positions_at(key_start, num_keys, contiguous))
-            pq, pk = pq.transpose(1, 2), self.positional_projection(key_rows)[:, :, 1].transpose(1, 2)
-            if output_attentions:
-                return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v
+        if not contiguous:  # a static cache's slots (output_attentions is refused with one)
+            pq, pk = self.static_slot_queries_and_keys(inputs, key_start, num_keys)
             return self.attend(kind, pq, pk, v, key_mask, scale, dropout), None, v
         decoding = length < num_keys
         if decoding and DecodingKeys.applies():
@@ -424,6 +430,21 @@ class HfAttnAttention(nn.Module):
         if reusable:
             self.inference_weights.remember(self.p_attn, rows, weights if seen else None)
         return out, weights, v
+
+    def static_slot_queries_and_keys(self, inputs: AttentionInputs, key_start, num_slots: int):
+        """(B|1, H, T, d_P) queries and (B|1, H, S, d_P) keys whose scores are P's attention over a static cache's
+        slots, without projecting P at every slot, every step (`DecodingKeys` keeps no state under graph capture).
+
+        A query q scores key position j as q . (P_j Wk + bk). The query taken through the key projection,
+        u = q Wk^T, scores the rows P_j themselves: u . P_j, and q . bk is the same for every key of a query, which a
+        softmax ignores. The rows are read once per forward for every layer (`AttentionInputs.positional_rows`).
+        """
+        heads, qk = self.num_positional_heads, self.positional_qk_dim
+        queries = self.positional_projection(inputs.positional_encoding(inputs.query_positions))[:, :, 0]
+        key_weight = self.p_attn.weight[:, heads * qk :].view(-1, heads, qk)  # (d_P, H, qk): Conv1D is (in, out)
+        through_keys = torch.einsum("bthq,phq->bhtp", queries, key_weight)
+        rows = inputs.positional_rows(key_start, num_slots, self.decoding_keys.num_positions)  # (B|1, S, d_P)
+        return through_keys, rows[:, None].expand(-1, heads, -1, -1)
 
     def positional_projection(self, rows: torch.Tensor) -> torch.Tensor:
         """(B|1, N, 2, H_pos, qk): P's queries and keys of every positional head at `rows` (B|1, N, d_P)."""

@@ -159,3 +159,13 @@ def test_generate_continues_from_the_cache_it_returned(model_type):
     whole = torch.ones_like(first.sequences)  # a generated token may be the pad token: nothing is padding here
     continued = model.generate(first.sequences, attention_mask=whole, cache=first.cache, max_new_tokens=6, **GREEDY)
     assert torch.equal(continued, expected)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_a_static_cache_longer_than_the_position_tables_decodes(model_type):
+    """Slots beyond `n_positions` (64 here) that no token fills are masked, never looked up."""
+    model = generation_model(model_type)
+    prompt = torch.randint(3, 37, (2, 12))
+    expected = greedy_by_recomputing(model, prompt, torch.ones_like(prompt), steps=6)
+    cache = HfAttnCache(model.config, max_cache_len=70)
+    assert torch.equal(model.generate(prompt, cache=cache, max_new_tokens=6, **GREEDY), expected)
