@@ -18,7 +18,7 @@ logger = logging.get_logger(__name__)
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "none")
 POSITIONAL_ENCODINGS = ("onehot", "binary", "sinusoidal", "learned")
-BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp")
+BLOCK_STYLES = ("gpt2", "post_ln", "concat_mlp", "no_layernorm")
 INITIALIZATIONS = ("gpt2", "paper_a")
 # Keys other than fields that transformers itself passes to a config's `__post_init__`: never a user's typo.
 # (Generation parameters are added in `_transformers_keys`.)
@@ -81,8 +81,10 @@ class HfAttnConfig(GPT2Config):
         `n_embd / n_head`, GPT-2's; Paper A's code gives its standard heads queries and keys as wide as the model
         (`n_embd`). Scores are scaled by `content_qk_dim ** -0.5`.
     block_style (`str`, *optional*, defaults to `"gpt2"`):
-        `"gpt2"` (pre-LN residual), `"post_ln"` (Paper B: `LN(x + attn(x))`, `LN(x + mlp(x))`) or `"concat_mlp"`
-        (Paper A: `MLP(concat(x, attn(x)))`, no residual, no LayerNorm).
+        `"gpt2"` (pre-LN residual), `"post_ln"` (Paper B: `LN(x + attn(x))`, `LN(x + mlp(x))`), `"concat_mlp"`
+        (Paper A: `MLP(concat(x, attn(x)))`, no residual, no LayerNorm) or `"no_layernorm"` (GPT-2's residual block
+        with every LayerNorm removed, the final one too: `x + attn(x)`, `x + mlp(x)`, as Paper A's minGPT-based
+        code for k-hop induction heads has it).
     initialization (`str`, *optional*):
         How new weights are drawn. `"gpt2"`: GPT-2's normal(`initializer_range`) with the residual projections
         scaled by 1 / sqrt(2 * n_layer). `"paper_a"`: Paper A's code, Xavier-uniform attention projections with

@@ -494,6 +494,20 @@ class PostLNBlock(PreLNBlock):
         return self.ln_2(hidden_states + self.mlp(hidden_states)), weights
 
 
+class NoLayerNormBlock(GradientCheckpointingLayer):
+    """Paper A's k-hop induction code (minGPT with its LayerNorms made identities): `x + attn(x)`, `x + mlp(x)`."""
+
+    def __init__(self, config: HfAttnConfig, layer_idx: int):
+        super().__init__()
+        self.attn = HfAttnAttention(config, layer_idx)
+        self.mlp = HfAttnMLP(config, config.n_embd)
+
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
+        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        hidden_states = hidden_states + attn_output
+        return hidden_states + self.mlp(hidden_states), weights
+
+
 class ConcatMLPBlock(GradientCheckpointingLayer):
     """Paper A: `MLP(concat(x, attn(x)))`, no residual and no LayerNorm."""
 
@@ -507,7 +521,7 @@ class ConcatMLPBlock(GradientCheckpointingLayer):
         return self.mlp(torch.cat([hidden_states, attn_output], dim=-1)), weights
 
 
-BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock}
+BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock, "no_layernorm": NoLayerNormBlock}
 
 
 __all__ = ["AttentionInputs", "FixedTable", "Projection", "HfAttnAttention", "HfAttnMLP", "BLOCKS"]

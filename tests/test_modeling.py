@@ -168,7 +168,7 @@ def test_no_nan_with_strict_masks_and_padding(model_type, dtype):
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 @pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal", "rope", "none"])
-@pytest.mark.parametrize("block_style", ["gpt2", "post_ln", "concat_mlp"])
+@pytest.mark.parametrize("block_style", ["gpt2", "post_ln", "concat_mlp", "no_layernorm"])
 def test_padding_does_not_change_real_positions(model_type, position_embedding_type, block_style):
     """A left-padded sample gives the logits it gives alone: positions count real tokens, padding is never seen."""
     config = tiny_config(model_type, position_embedding_type=position_embedding_type, block_style=block_style)
@@ -180,6 +180,22 @@ def test_padding_does_not_change_real_positions(model_type, position_embedding_t
         expected = model(alone).logits
         got = model(padded, attention_mask=mask).logits[:, 4:]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_no_layernorm_block_is_gpt2s_block_with_its_layernorms_removed_by_hand(model_type):
+    """Paper A's induction code: minGPT whose `ln_1`, `ln_2` and `ln_f` are identities. The reference is our GPT-2
+    block style with those modules swapped for `nn.Identity` by hand, the same weights loaded."""
+    by_hand = AutoModelForCausalLM.from_config(tiny_config(model_type, block_style="gpt2")).eval()
+    for block in by_hand.transformer.h:
+        block.ln_1, block.ln_2 = torch.nn.Identity(), torch.nn.Identity()
+    by_hand.transformer.ln_f = torch.nn.Identity()
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, block_style="no_layernorm")).eval()
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    model.load_state_dict(by_hand.state_dict(), strict=True)  # the same parameters, none of them a LayerNorm's
+    input_ids = torch.randint(3, 37, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids).logits, by_hand(input_ids).logits, atol=0, rtol=0)
 
 
 def test_sequence_longer_than_positions_is_refused():
