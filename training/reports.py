@@ -128,8 +128,10 @@ def mixed_table(task: str) -> str:
     unparsed = {names: aggregate(results, f"unparsed_{names}") for names in ("seen", "unseen")}
     paper = {m: paper_numbers.MIXED_MSE[task, m, "median"][2:] for m in ("positional", "standard")}
     paper["gpt2"] = paper_numbers.MIXED_GPT2_LARGE[task, "MSE", "median"]
+    parameters = {r["model"]: r["parameters"] for r in results}
+    n_positions = results[0]["config"]["model"]["n_positions"]
     header = ["c"] + [f"{model}, {names} names" for names in ("seen", "unseen") for model in
-                      ("positional", "standard", "GPT-2")]  # fmt: skip
+                      ("positional", "standard", baseline_label(results, parameters["gpt2"]))]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for c in sorted(mse["seen"]["positional"], key=int):
         cells = []
@@ -145,9 +147,21 @@ def mixed_table(task: str) -> str:
     note = (
         "In parentheses: Paper A's medians over 10 runs, from the authors' result files (`training/paper_numbers.py`):"
         " its positional and standard models (50,000 samples, 2,001 epochs) beside ours on seen names, its "
-        "fine-tuned GPT-2-large beside our GPT-2 on unseen names."
+        "fine-tuned GPT-2-large beside our GPT-2 on unseen names. Parameters: positional "
+        f"{parameters['positional']:,}, standard {parameters['standard']:,} "
+        f"({parameters['positional'] / parameters['standard']:.0f}x: nearly all are the positional heads' query and "
+        f"key projections of the one-hot P, as wide as the {n_positions} positions in and out, as in Paper A's code), "
+        f"GPT-2 {parameters['gpt2']:,}."
     )
     return "\n".join(lines) + "\n\n" + note + "\n\n" + collapse_summary(results)
+
+
+def baseline_label(results: list[dict], parameters: int) -> str:
+    """The GPT-2 baseline as the runs had it: its size, and its Hub id, or that it was pretrained offline (a local
+    folder, `training.pretrain_gpt2`)."""
+    name = results[0]["config"]["experiment"]["baseline_model"]
+    local = name.count("/") > 1 or name.startswith((".", "/")) or (ROOT / name).exists()
+    return f"GPT-2 ({parameters / 1e6:.1f}M, {'pretrained offline' if local else name})"
 
 
 def induction_table() -> str:
