@@ -219,3 +219,14 @@ def test_quickstart_plots_key_the_median_band_the_runs_and_name_the_tolerance(tm
     assert not mse.axes[0].collections and math.isnan(mse.axes[0].lines[0].get_ydata()[0])
     plt = hf_attn.experiments.reports.pyplot()
     plt.close("all")
+
+
+def test_tracked_epochs_record_the_test_mse_along_training(tmp_path):
+    """`tracked_epochs` records the MSE at every scale after those epochs; after the last one it is the MSE of the
+    final model, which the evaluation computes its own way (Trainer.predict and the `ood_regression` metric)."""
+    tiny_run(tmp_path, "--tracked_epochs", "1", "2", "--models", "positional")
+    results = json.loads((tmp_path / "cumulative_min" / "positional" / "seed-0" / "results.json").read_text())
+    assert set(results["by_epoch"]) == {"1", "2"} and set(results["by_epoch"]["1"]) == {"1", "3"}
+    for scale in ("1", "3"):
+        assert results["by_epoch"]["2"][scale] == pytest.approx(results["by_scale"][scale]["mse"], rel=1e-5)
+        assert results["by_epoch"]["1"][scale] != results["by_epoch"]["2"][scale]  # the model trained in between

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from transformers import AutoModelForTokenClassification, TrainingArguments, set_seed
+import torch
+from transformers import AutoModelForTokenClassification, TrainerCallback, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn import experiments, load_metric
@@ -50,6 +51,11 @@ class ExperimentArguments(experiments.RunArguments):
     plateau_factor: float = field(default=0.9, metadata={"help": "ReduceLROnPlateau factor (Paper A: 0.9)."})
     plateau_patience: int = field(default=50, metadata={"help": "ReduceLROnPlateau patience in epochs (Paper A: 50)."})
     plateau_min_lr: float = field(default=1e-6, metadata={"help": "ReduceLROnPlateau floor (Paper A: 1e-6)."})
+    tracked_epochs: list[int] = list_field(
+        (),
+        "Epochs after which the test MSE at every scale is also recorded (results.json's `by_epoch`): how the gap "
+        "between the models grows with training. Never used to stop a run.",
+    )
 
     run_fields: ClassVar[tuple[str, ...]] = ("tasks", "models", *experiments.RunArguments.run_fields)
     evaluation_fields: ClassVar[tuple[str, ...]] = ("scales", "test_samples", "tolerance")
@@ -94,6 +100,8 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append(f"tolerance must be > 0, got {experiment.tolerance}")
     if not experiment.seeds:
         problems.append("seeds must list at least one seed")
+    if any(epoch < 1 for epoch in experiment.tracked_epochs):
+        problems.append(f"tracked_epochs must all be >= 1, got {experiment.tracked_epochs}")
     if experiment.length >= 1:  # else the configs' n_positions is wrong too: said once is enough
         positions = experiment.length + int(experiment.scratchpad)
         problems += experiments.config_problems(
@@ -121,6 +129,34 @@ def build_model(kind: str, model: ModelArguments, length: int, positions: int):
     return AutoModelForTokenClassification.from_config(model_config(kind, model, length, positions))
 
 
+class TestAlongTheWay(TrainerCallback):
+    """Records the test MSE at every scale after each tracked epoch, in Trainer's log history (`ood_mse`), which its
+    checkpoints keep: a resumed run still has the epochs it tracked before the interruption."""
+
+    def __init__(self, test_sets: dict[int, experiments.InMemoryDataset], epochs: list[int]):
+        self.test_sets, self.epochs = test_sets, set(epochs)
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        epoch = round(state.epoch)
+        if epoch not in self.epochs:
+            return
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            mse = {str(scale): test_mse(model, test_set) for scale, test_set in self.test_sets.items()}
+        model.train(was_training)
+        state.log_history.append({"epoch": epoch, "step": state.global_step, "ood_mse": mse})
+
+
+def test_mse(model, test_set: experiments.InMemoryDataset) -> float:
+    """MSE over every labelled position of `test_set`, in one forward."""
+    inputs = {name: column.to(model.device) for name, column in test_set.columns.items() if name != "labels"}
+    predictions = model(**inputs).logits[..., 0].float().cpu()
+    labels = test_set.columns["labels"].float()
+    kept = ~torch.isnan(labels)
+    return torch.mean((predictions[kept] - labels[kept]) ** 2).item()
+
+
 def train_and_evaluate(run: experiments.Run, experiment, model_args, training_args, task: str) -> experiments.Trained:
     set_seed(run.seed)
     positions = experiment.length + int(experiment.scratchpad)
@@ -130,16 +166,22 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
     train_set = experiments.InMemoryDataset(
         algorithmic_dataset(task, experiment.train_samples, scale=1.0, seed=run.seed, **data)
     )
+    test_sets = {
+        scale: algorithmic_dataset(
+            task, experiment.test_samples, scale=scale, seed=experiments.TEST_SEED + scale, **data
+        )  # fmt: skip
+        for scale in sorted({1, *experiment.scales})  # c = 1, in distribution, is always tested: the collapse check
+    }
     trainer = experiments.plateau_trainer(model, train_set, run, training_args, experiment.plateau_factor,
                                           experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
+    if experiment.tracked_epochs:
+        tracked = {scale: experiments.InMemoryDataset(test_sets[scale]) for scale in experiment.scales}
+        trainer.add_callback(TestAlongTheWay(tracked, experiment.tracked_epochs))
     totals = run.train(trainer, experiment.resume)
 
     ood_regression = load_metric("ood_regression")
     by_scale, collapse = {}, None
-    for scale in sorted({1, *experiment.scales}):  # c = 1, in distribution, is always tested: the collapse check
-        test_set = algorithmic_dataset(
-            task, experiment.test_samples, scale=scale, seed=experiments.TEST_SEED + scale, **data
-        )
+    for scale, test_set in test_sets.items():
         predictions = trainer.predict(experiments.InMemoryDataset(test_set)).predictions[..., 0]
         labels = test_set.with_format("numpy")[:]["labels"]
         metrics = ood_regression.compute(
@@ -149,7 +191,11 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
             collapse = collapse_check(metrics["mse"], input_blind_mse(labels), "mse")
         if scale in experiment.scales:
             by_scale[str(scale)] = metrics
-    return experiments.Trained(trainer, totals, by_scale, {"collapse": collapse})
+    fields = {"collapse": collapse}
+    if experiment.tracked_epochs:
+        tracked = [entry for entry in trainer.state.log_history if "ood_mse" in entry]
+        fields["by_epoch"] = {str(entry["epoch"]): entry["ood_mse"] for entry in tracked}
+    return experiments.Trained(trainer, totals, by_scale, fields)
 
 
 def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
