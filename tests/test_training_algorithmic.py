@@ -230,3 +230,14 @@ def test_tracked_epochs_record_the_test_mse_along_training(tmp_path):
     for scale in ("1", "3"):
         assert results["by_epoch"]["2"][scale] == pytest.approx(results["by_scale"][scale]["mse"], rel=1e-5)
         assert results["by_epoch"]["1"][scale] != results["by_epoch"]["2"][scale]  # the model trained in between
+    report = (tmp_path / "cumulative_min" / "by_epoch.md").read_text()
+    assert "test MSE at c = 3 along training" in report and "| 2 |" in report
+    assert (tmp_path / "cumulative_min" / "mse_by_epoch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gap_by_epoch_is_the_ratio_of_the_models_medians(tmp_path):
+    tiny_run(tmp_path, "--tracked_epochs", "1", "2")
+    task = tmp_path / "cumulative_min"
+    runs = {m: json.loads((task / m / "seed-0" / "results.json").read_text()) for m in ("positional", "standard")}
+    ratio = runs["standard"]["by_epoch"]["2"]["3"] / runs["positional"]["by_epoch"]["2"]["3"]
+    assert f"epoch 2: {ratio:.1f}x" in (task / "by_epoch.md").read_text()

@@ -26,6 +26,7 @@ from hf_attn import experiments, load_metric
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
 from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
+from hf_attn.experiments.reports import plot_metric
 from hf_attn.hub import CardFacts
 from training import CONFIGS
 from training.models import PAPER_A_MODELS, paper_a_config
@@ -222,12 +223,40 @@ def report_metrics(tolerance: float) -> tuple[tuple[str, str, bool], ...]:
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
-    """Per task, OUTPUT_DIR/TASK/{results.md, mse.png, accuracy.png}; returns the reports' text."""
+    """Per task, OUTPUT_DIR/TASK/{results.md, mse.png, accuracy.png}, and for runs with `tracked_epochs` also
+    {by_epoch.md, mse_by_epoch.png}; returns the reports' text."""
     test_range = f"[{experiment.train_low}c, {experiment.train_high}c]"
-    return write_task_reports(
+    reports = write_task_reports(
         output_dir, results, lambda task: f"{task}: MSE and accuracy by test range {test_range}",
         report_metrics(experiment.tolerance),
     )  # fmt: skip
+    tracked = [r for r in results if r.get("by_epoch")]
+    for task in dict.fromkeys(r["task"] for r in tracked):
+        reports += "\n" + write_gap_by_epoch(output_dir / task, [r for r in tracked if r["task"] == task])
+    return reports
+
+
+def write_gap_by_epoch(task_dir: Path, results: list[dict]) -> str:
+    """How the models' MSE at the largest tracked c moves with training: a table and a plot, and the standard /
+    positional ratio of medians per epoch."""
+    scale = max((s for r in results for s in next(iter(r["by_epoch"].values()))), key=int)
+    summary = {}
+    for model in dict.fromkeys(r["model"] for r in results):
+        runs = [r for r in results if r["model"] == model and not experiments.is_collapsed(r)]
+        epochs = sorted({e for r in runs for e in r["by_epoch"]}, key=int)
+        summary[model] = {e: experiments.summarize([r["by_epoch"][e][scale] for r in runs if e in r["by_epoch"]])
+                          for e in epochs}  # fmt: skip
+    lines = [f"# {task_dir.name}: test MSE at c = {scale} along training", "",
+             experiments.markdown_table(summary, "epoch")]  # fmt: skip
+    if {"positional", "standard"} <= summary.keys():
+        ratios = [f"epoch {e}: {summary['standard'][e]['median'] / summary['positional'][e]['median']:.1f}x"
+                  for e in summary["positional"] if e in summary["standard"]]  # fmt: skip
+        lines += ["", "Standard / positional median MSE: " + ", ".join(ratios) + "."]
+    text = "\n".join(lines) + "\n"
+    (task_dir / "by_epoch.md").write_text(text)
+    plot_metric(summary, task_dir / "mse_by_epoch.png", f"{task_dir.name}: MSE at c = {scale}",
+                            f"MSE at c = {scale}", log_scale=True, xlabel="epoch")  # fmt: skip
+    return text
 
 
 FAMILY = experiments.register(experiments.Family(
