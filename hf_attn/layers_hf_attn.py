@@ -51,9 +51,17 @@ class AttentionInputs:
     def key_mask_for(self, visibility: Visibility, key_start, num_slots: int, num_queries: int, contiguous: bool):
         """What a kernel takes as `key_mask` for keys at absolute indices `key_start` onwards: the (B, S) padding mask
         of keys that end at the last query (`contiguous`: the kernel's own geometry), else the whole (B|1, 1, T, S)
-        mask, the kind's visibility included (static caches' slots, custom 4D masks, packed sequences)."""
+        mask, the kind's visibility included (static caches' slots, custom 4D masks, packed sequences), made once
+        per forward for every layer that asks for the same one."""
         if contiguous and self.pair_mask is None:
             return None if self.key_mask is None else self.key_mask[:, -num_slots:]
+        key = ("whole_mask", visibility, key_start, num_slots, num_queries, contiguous)
+        if key not in self.memo:
+            self.memo[key] = self.whole_mask(visibility, key_start, num_slots, num_queries, contiguous)
+        return self.memo[key]
+
+    def whole_mask(self, visibility: Visibility, key_start, num_slots: int, num_queries: int, contiguous: bool):
+        """(B|1, 1, T, S) bool: who sees whom among the queries and the keys at absolute indices `key_start` on."""
         device = self.key_positions.device
         key_index = key_start + torch.arange(num_slots, device=device)
         query_index = self.past_length + torch.arange(num_queries, device=device)
