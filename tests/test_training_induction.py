@@ -67,6 +67,41 @@ def test_tiny_run_writes_results_depth_table_plots_and_models(tmp_path):
         assert (tmp_path / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tracked_steps_record_accuracy_along_training(tmp_path):
+    """`tracked_steps` records the mean accuracy over k after those steps; after the last step it is the accuracy
+    of the final model, which the evaluation computes its own way (Trainer.predict, per k)."""
+    tiny_run(tmp_path, "--tracked_steps", "1", "4", "--depths", "2")
+    runs = {m: json.loads((tmp_path / "depth-2" / m / "seed-0" / "results.json").read_text())
+            for m in ("positional", "standard")}  # fmt: skip
+    for results in runs.values():
+        assert set(results["by_step"]) == {"1", "4"}
+        for split in ("id", "ood"):
+            final = results["by_scale"]["2"][f"accuracy_{split}"]
+            assert results["by_step"]["4"][f"accuracy_{split}"] == pytest.approx(final, abs=1e-6)
+        assert results["by_step"]["1"] != results["by_step"]["4"]  # the model trained in between
+    assert "## depth 2" in (tmp_path / "accuracy_by_step.md").read_text()
+    assert (tmp_path / "depth-2" / "accuracy_by_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_accuracy_by_step_summarizes_seeds_per_depth_without_collapsed_runs(tmp_path):
+    def run(model, depth, seed, accuracies, collapsed=False):
+        by_step = {
+            str(step): {"accuracy_id": a, "accuracy_ood": 0.2} for step, a in zip((100, 200), accuracies, strict=True)
+        }
+        return {"model": model, "depth": depth, "seed": seed, "by_step": by_step, "collapse": {"collapsed": collapsed}}
+
+    results = [run("positional", 1, 0, (0.5, 0.6)), run("positional", 1, 1, (0.7, 0.9)),
+               run("positional", 1, 2, (0.1, 0.1), collapsed=True), run("standard", 1, 0, (0.4, 0.8)),
+               run("standard", 3, 0, (0.6, 0.95))]  # fmt: skip
+    (tmp_path / "depth-1").mkdir(), (tmp_path / "depth-3").mkdir()
+    report = induction.write_accuracy_by_step(tmp_path, results)
+    depth_1, depth_3 = report.split("## depth 1")[1].split("## depth 3")
+    assert "| 100 | 0.600 | 0.600 | 0.400 | 0.400 |" in depth_1 and "| 200 | 0.750 | 0.750 | 0.800 | 0.800 |" in depth_1
+    assert "| 200 | 0.950 | 0.950 |" in depth_3 and "positional" not in depth_3
+    for depth in (1, 3):
+        assert (tmp_path / f"depth-{depth}" / "accuracy_by_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 class FixedPredictions:
     """Stands in for a Trainer: logits that pick `predict(labels)` at every position."""
 
@@ -138,6 +173,7 @@ def test_bad_arguments_stop_before_training(tmp_path, args, message):
         (["--max_steps", "-1"], ["max_steps"]),
         (["--n_head", "7"], ["`n_embd` (60) must be divisible by `n_head` (7). (models: positional, standard)"]),
         (["--positional_encoding", "binary", "--positional_qk_dim", "0"], ["positional_qk_dim"]),
+        (["--tracked_steps", "2", "5"], ["tracked_steps must all be in 1..max_steps (4), got [2, 5]"]),
     ],
 )
 def test_invalid_values_stop_before_training(tmp_path, args, messages):
@@ -164,7 +200,7 @@ class CrashAfterFirstCheckpoint(induction.Trainer):
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
-    one_run = ("--models", "standard", "--depths", "2")
+    one_run = ("--models", "standard", "--depths", "2", "--tracked_steps", "1", "4")  # step 1 before the crash
     tiny_run(tmp_path / "uninterrupted", *one_run)
     interrupted = tmp_path / "interrupted"
     with monkeypatch.context() as patch:
@@ -180,3 +216,4 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     resumed = json.loads((run / "results.json").read_text())
     for name, value in expected["by_scale"]["2"].items():
         torch.testing.assert_close(resumed["by_scale"]["2"][name], value, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(resumed["by_step"], expected["by_step"], rtol=1e-5, atol=1e-7)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
-from transformers import AutoModelForTokenClassification, TrainerCallback, TrainingArguments, set_seed
+from transformers import AutoModelForTokenClassification, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn import experiments, load_metric
@@ -130,25 +130,6 @@ def build_model(kind: str, model: ModelArguments, length: int, positions: int):
     return AutoModelForTokenClassification.from_config(model_config(kind, model, length, positions))
 
 
-class TestAlongTheWay(TrainerCallback):
-    """Records the test MSE at every scale after each tracked epoch, in Trainer's log history (`ood_mse`), which its
-    checkpoints keep: a resumed run still has the epochs it tracked before the interruption."""
-
-    def __init__(self, test_sets: dict[int, experiments.InMemoryDataset], epochs: list[int]):
-        self.test_sets, self.epochs = test_sets, set(epochs)
-
-    def on_epoch_end(self, args, state, control, model=None, **kwargs):
-        epoch = round(state.epoch)
-        if epoch not in self.epochs:
-            return
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            mse = {str(scale): test_mse(model, test_set) for scale, test_set in self.test_sets.items()}
-        model.train(was_training)
-        state.log_history.append({"epoch": epoch, "step": state.global_step, "ood_mse": mse})
-
-
 def test_mse(model, test_set: experiments.InMemoryDataset) -> float:
     """MSE over every labelled position of `test_set`, in one forward."""
     inputs = {name: column.to(model.device) for name, column in test_set.columns.items() if name != "labels"}
@@ -177,7 +158,11 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
                                           experiment.plateau_patience, experiment.plateau_min_lr)  # fmt: skip
     if experiment.tracked_epochs:
         tracked = {scale: experiments.InMemoryDataset(test_sets[scale]) for scale in experiment.scales}
-        trainer.add_callback(TestAlongTheWay(tracked, experiment.tracked_epochs))
+
+        def measure(model) -> dict[str, float]:
+            return {str(scale): test_mse(model, test_set) for scale, test_set in tracked.items()}
+
+        trainer.add_callback(experiments.MeasureAlongTheWay(measure, epochs=experiment.tracked_epochs))
     totals = run.train(trainer, experiment.resume)
 
     ood_regression = load_metric("ood_regression")
@@ -194,8 +179,7 @@ def train_and_evaluate(run: experiments.Run, experiment, model_args, training_ar
             by_scale[str(scale)] = metrics
     fields = {"collapse": collapse}
     if experiment.tracked_epochs:
-        tracked = [entry for entry in trainer.state.log_history if "ood_mse" in entry]
-        fields["by_epoch"] = {str(entry["epoch"]): entry["ood_mse"] for entry in tracked}
+        fields["by_epoch"] = experiments.measured_along_the_way(trainer, by="epoch")
     return experiments.Trained(trainer, totals, by_scale, fields)
 
 
@@ -240,12 +224,7 @@ def write_gap_by_epoch(task_dir: Path, results: list[dict]) -> str:
     """How the models' MSE at the largest tracked c moves with training: a table and a plot, and the standard /
     positional ratio of medians per epoch."""
     scale = max((s for r in results for s in next(iter(r["by_epoch"].values()))), key=int)
-    summary = {}
-    for model in dict.fromkeys(r["model"] for r in results):
-        runs = [r for r in results if r["model"] == model and not experiments.is_collapsed(r)]
-        epochs = sorted({e for r in runs for e in r["by_epoch"]}, key=int)
-        summary[model] = {e: experiments.summarize([r["by_epoch"][e][scale] for r in runs if e in r["by_epoch"]])
-                          for e in epochs}  # fmt: skip
+    summary = experiments.summarize_along_training(results, "by_epoch", lambda mse: mse[scale])
     lines = [f"# {task_dir.name}: test MSE at c = {scale} along training", "",
              experiments.markdown_table(summary, "epoch")]  # fmt: skip
     if {"positional", "standard"} <= summary.keys():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from datasets import Dataset
 from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments, set_seed
 
 import hf_attn  # noqa: F401  (registers the model types)
@@ -25,6 +26,7 @@ from hf_attn import experiments
 from hf_attn.configuration_hf_attn import BLOCK_STYLES, POSITIONAL_ENCODINGS
 from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.experiments import argmax_accuracy, collapse_check, input_blind_error_rate, list_field, write_report
+from hf_attn.experiments.reports import plot_metric
 from hf_attn.hub import CardFacts
 from training import CONFIGS
 from training.models import PAPER_A_MODELS, paper_a_config
@@ -51,6 +53,11 @@ class ExperimentArguments(experiments.RunArguments):
     test_samples: int = field(
         default=1_000,
         metadata={"help": "Test samples per split (training / unseen characters) and per k (Paper A's code: 1,000)."},
+    )
+    tracked_steps: list[int] = list_field(
+        (),
+        "Steps after which test accuracy is also recorded (results.json's `by_step`): how each depth learns along "
+        "training. Never used to stop a run.",
     )
 
     run_fields: ClassVar[tuple[str, ...]] = ("models", "depths", *experiments.RunArguments.run_fields)
@@ -111,6 +118,10 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append(f"depths must all be >= 1, got {experiment.depths}")
     problems += experiments.below("length", "train_samples", "test_samples", of=experiment)
     problems += experiments.below("max_hops", of=experiment, least=0)
+    if any(not 1 <= step <= training.max_steps for step in experiment.tracked_steps):
+        problems.append(
+            f"tracked_steps must all be in 1..max_steps ({training.max_steps}), got {experiment.tracked_steps}"
+        )
     if training.max_steps < 1:
         problems.append(f"max_steps must be >= 1 (Paper A counts optimizer steps: 100k), got {training.max_steps}")
     if experiment.length >= 1 and experiment.max_hops >= 0:  # else the configs' sizes are wrong too
@@ -126,32 +137,52 @@ def report_metrics(max_hops: int) -> list[tuple[str, str, bool]]:
     return [*METRICS, *per_hop]
 
 
-def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> tuple[dict[str, float], dict]:
-    """Cross-entropy and arg-max accuracy over labelled positions, per split and per hop count k, and the collapse
-    check on the in-distribution error rate.
-
-    Each k has its own test set of `test_samples` samples, so every per-k number is equally precise and the overall
-    ones, their means, weigh k uniformly as training does.
-    """
-    metrics, input_blind = {}, []
-    hop_counts = range(experiment.max_hops + 1)
+def test_sets(experiment: ExperimentArguments) -> dict[tuple[str, int], Dataset]:
+    """{(split, k): test set}: fresh samples per split and hop count k, the same for every model, depth and seed.
+    Each k has its own `test_samples` samples, so every per-k number is equally precise and the overall ones, their
+    means, weigh k uniformly as training does."""
     shape = dict(num_samples=experiment.test_samples, length=experiment.length, max_hops=experiment.max_hops)
-    for split, characters in TEST_SPLITS.items():
-        for k in hop_counts:
-            seed = (
-                experiments.TEST_SEED + 2 * k + (split == "ood")
-            )  # fresh samples, the same for every model, depth and seed
-            test_set = khop_dataset(**shape, split=characters, seed=seed, hops=k)
-            output = trainer.predict(experiments.InMemoryDataset(test_set))
-            labels = test_set.with_format("numpy")[:]["labels"]
-            metrics[f"accuracy_{split}_k{k}"] = argmax_accuracy(output.predictions, labels)
-            metrics[f"loss_{split}_k{k}"] = output.metrics["test_loss"]
-            if split == "id":
-                input_blind.append(input_blind_error_rate(labels))
+    return {
+        (split, k): khop_dataset(**shape, split=characters, seed=experiments.TEST_SEED + 2 * k + (split == "ood"),
+                                 hops=k)
+        for split, characters in TEST_SPLITS.items()
+        for k in range(experiment.max_hops + 1)
+    }  # fmt: skip
+
+
+def evaluate(trainer: Trainer, experiment: ExperimentArguments) -> tuple[dict[str, float], dict]:
+    """Cross-entropy and arg-max accuracy over labelled positions, per split and per hop count k, their means over k,
+    and the collapse check on the in-distribution error rate."""
+    metrics, input_blind = {}, []
+    for (split, k), test_set in test_sets(experiment).items():
+        output = trainer.predict(experiments.InMemoryDataset(test_set))
+        labels = test_set.with_format("numpy")[:]["labels"]
+        metrics[f"accuracy_{split}_k{k}"] = argmax_accuracy(output.predictions, labels)
+        metrics[f"loss_{split}_k{k}"] = output.metrics["test_loss"]
+        if split == "id":
+            input_blind.append(input_blind_error_rate(labels))
+    for split in TEST_SPLITS:
         for name in ("accuracy", "loss"):
-            metrics[f"{name}_{split}"] = statistics.fmean(metrics[f"{name}_{split}_k{k}"] for k in hop_counts)
+            metrics[f"{name}_{split}"] = statistics.fmean(
+                metrics[f"{name}_{split}_k{k}"] for k in range(experiment.max_hops + 1)
+            )
     collapse = collapse_check(1 - metrics["accuracy_id"], statistics.fmean(input_blind), "error rate")
     return metrics, collapse
+
+
+def accuracy_along_the_way(experiment: ExperimentArguments) -> experiments.MeasureAlongTheWay:
+    """Records `accuracy_id` and `accuracy_ood` (means over k, as `evaluate` computes them) after each tracked step."""
+    held = {key: experiments.InMemoryDataset(test_set) for key, test_set in test_sets(experiment).items()}
+
+    def measure(model) -> dict[str, float]:
+        accuracy = {}
+        for (split, _), test_set in held.items():
+            inputs = {name: column.to(model.device) for name, column in test_set.columns.items() if name != "labels"}
+            logits = model(**inputs).logits.float().cpu().numpy()
+            accuracy.setdefault(split, []).append(argmax_accuracy(logits, test_set.columns["labels"].numpy()))
+        return {f"accuracy_{split}": statistics.fmean(values) for split, values in accuracy.items()}
+
+    return experiments.MeasureAlongTheWay(measure, steps=experiment.tracked_steps)
 
 
 def train_and_evaluate(run: experiments.Run, experiment: ExperimentArguments, model_args: ModelArguments,
@@ -162,9 +193,14 @@ def train_and_evaluate(run: experiments.Run, experiment: ExperimentArguments, mo
     train_set = khop_dataset(experiment.train_samples, experiment.length, experiment.max_hops, "train", run.seed)
     args = experiments.run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=experiments.InMemoryDataset(train_set))
+    if experiment.tracked_steps:
+        trainer.add_callback(accuracy_along_the_way(experiment))
     totals = run.train(trainer, experiment.resume)
     metrics, collapse = evaluate(trainer, experiment)
-    return experiments.Trained(trainer, totals, {str(depth): metrics}, {"collapse": collapse})
+    fields = {"collapse": collapse}
+    if experiment.tracked_steps:
+        fields["by_step"] = experiments.measured_along_the_way(trainer, by="step")
+    return experiments.Trained(trainer, totals, {str(depth): metrics}, fields)
 
 
 def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
@@ -184,9 +220,29 @@ def card(experiment: ExperimentArguments, results: dict) -> CardFacts:
 
 
 def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentArguments) -> str:
-    """OUTPUT_DIR/{results.md, *.png}: a row per depth; returns the report's text."""
+    """OUTPUT_DIR/{results.md, *.png}: a row per depth, and for runs with `tracked_steps` also
+    OUTPUT_DIR/accuracy_by_step.md and a plot per depth; returns the reports' text."""
     metrics = report_metrics(experiment.max_hops)
-    return write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)")
+    report = write_report(output_dir, HEADING, results, metrics, scale_name="depth", xlabel="depth (layers)")
+    tracked = [result for result in results if result.get("by_step")]
+    return report + ("\n" + write_accuracy_by_step(output_dir, tracked) if tracked else "")
+
+
+def write_accuracy_by_step(output_dir: Path, results: list[dict]) -> str:
+    """In-distribution accuracy along training, a table per depth (OUTPUT_DIR/accuracy_by_step.md) and a plot per
+    depth (OUTPUT_DIR/depth-D/accuracy_by_step.png): does positional attention catch up with more depth, or only
+    learn more slowly?"""
+    sections = ["# k-hop induction heads: in-distribution token accuracy along training"]
+    for depth in sorted({result["depth"] for result in results}):
+        runs = [result for result in results if result["depth"] == depth]
+        summary = experiments.summarize_along_training(runs, "by_step", lambda measured: measured["accuracy_id"])
+        sections.append(f"## depth {depth}\n\n" + experiments.markdown_table(summary, "step"))
+        plot_metric(summary, output_dir / f"depth-{depth}" / "accuracy_by_step.png",
+                    f"depth {depth}: in-distribution accuracy", "in-distribution token accuracy", log_scale=False,
+                    xlabel="optimizer step")  # fmt: skip
+    text = "\n\n".join(sections) + "\n"
+    (output_dir / "accuracy_by_step.md").write_text(text)
+    return text
 
 
 FAMILY = experiments.register(experiments.Family(

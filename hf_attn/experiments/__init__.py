@@ -5,7 +5,7 @@
 - `arguments`: CONFIG.yaml and flags parsed the HF way, every problem refused before anything is built;
 - `runs`: one run's lifecycle (folder, settings, resume, results, model folder, push);
 - `processes`: which process writes, and one script per output folder;
-- `trainers`: in-memory datasets and Paper A's plateau Trainer;
+- `trainers`: in-memory datasets, Paper A's plateau Trainer and test measurements along training;
 - `metrics`: token accuracy, perplexity's sliding-window scoring and the input-blind baselines behind collapse
   detection (the metrics themselves are `evaluate` modules, `hf_attn.metrics`);
 - `reports`: tables and plots over seeds.
@@ -45,11 +45,12 @@ from .reports import (
     plot_heatmap,
     plot_loss_curves,
     summarize,
+    summarize_along_training,
     write_report,
     write_task_reports,
 )
 from .runs import Run, Trained, run_arguments
-from .trainers import InMemoryDataset, PlateauTrainer, plateau_trainer
+from .trainers import InMemoryDataset, MeasureAlongTheWay, PlateauTrainer, measured_along_the_way, plateau_trainer
 
 __all__ = [
     "Family",
@@ -73,6 +74,8 @@ __all__ = [
     "InMemoryDataset",
     "PlateauTrainer",
     "plateau_trainer",
+    "MeasureAlongTheWay",
+    "measured_along_the_way",
     "argmax_accuracy",
     "collapse_check",
     "input_blind_error_rate",
@@ -91,6 +94,7 @@ __all__ = [
     "plot_heatmap",
     "plot_loss_curves",
     "summarize",
+    "summarize_along_training",
     "write_report",
     "write_task_reports",
 ]

@@ -44,6 +44,18 @@ def aggregate(results: Iterable[dict], metric: str) -> Summary:
     return {model: {s: summarize(v) for s, v in by_scale.items()} for model, by_scale in grouped.items()}
 
 
+def summarize_along_training(results: Iterable[dict], field: str, value: Callable[[dict], float]) -> Summary:
+    """{model: {epoch or step: summary over seeds}} of `value(result[field][point])`, `field` being what
+    `MeasureAlongTheWay` recorded (`by_epoch`, `by_step`); collapsed runs left out, as in the tables."""
+    grouped: dict[str, dict[str, list[float]]] = {}
+    for result in results:
+        for point, measured in result.get(field, {}).items():
+            values = grouped.setdefault(result["model"], {}).setdefault(point, [])
+            if not is_collapsed(result):
+                values.append(value(measured))
+    return {model: {p: summarize(v) for p, v in by_point.items()} for model, by_point in grouped.items()}
+
+
 def only_seed(results: list[dict]) -> int | None:
     """The seed of every run when they share one (means and medians over seeds would be each run's value), else
     None."""

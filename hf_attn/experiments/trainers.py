@@ -1,4 +1,7 @@
-"""The Trainers the families train with, beside transformers' own: rows held as tensors, and Paper A's optimisation."""
+"""The Trainers the families train with, beside transformers' own: rows held as tensors, Paper A's optimisation, and
+test measurements taken along training."""
+
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import Trainer, TrainerCallback
@@ -61,3 +64,34 @@ def plateau_trainer(model, train_set, run: Run, training_args, factor: float, pa
     args = run_arguments(training_args, run, logging_strategy="epoch")
     plateau = {"factor": factor, "patience": patience, "min_lr": min_lr}
     return PlateauTrainer(model=model, args=args, train_dataset=train_set, plateau=plateau)
+
+
+class MeasureAlongTheWay(TrainerCallback):
+    """Calls `measure(model)` (in eval mode, without gradients) after each of `epochs` or `steps` and keeps what it
+    returns in Trainer's log history under "measured", which checkpoints keep: a resumed run still has what it
+    measured before the interruption. A record of how test numbers move with training, never a stopping rule."""
+
+    def __init__(self, measure: Callable[[torch.nn.Module], dict], epochs: Iterable[int] = (),
+                 steps: Iterable[int] = ()):  # fmt: skip
+        self.measure, self.epochs, self.steps = measure, set(epochs), set(steps)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step in self.steps:
+            self.record(state, model)
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        if round(state.epoch) in self.epochs:
+            self.record(state, model)
+
+    def record(self, state, model: torch.nn.Module) -> None:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            measured = self.measure(model)
+        model.train(was_training)
+        state.log_history.append({"epoch": round(state.epoch), "step": state.global_step, "measured": measured})
+
+
+def measured_along_the_way(trainer: Trainer, by: str) -> dict[str, dict]:
+    """{epoch or step (`by`): what `MeasureAlongTheWay` measured then}, for results.json."""
+    return {str(entry[by]): entry["measured"] for entry in trainer.state.log_history if "measured" in entry}
