@@ -1,15 +1,19 @@
-"""hf_attn: positional, local and hybrid attention GPT-2 variants for Hugging Face transformers.
+"""hf_attn: positional, local and hybrid attention GPT-2 variants for Hugging Face transformers, and per-head local
+attention for other decoders (`hybridize`).
 
 Importing the package registers the model types `positional_gpt2`, `local_gpt2` and `hybrid_gpt2` with
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForSequenceClassification` and
-`AutoModelForTokenClassification`, and gives their `save_pretrained` and `push_to_hub` a model card.
+`AutoModelForTokenClassification`, and gives their `save_pretrained` and `push_to_hub` a model card; and the
+types `hybridize` makes (`hf_attn_llama`, `hf_attn_qwen2`, `hf_attn_mistral`, `hf_attn_gpt2`) with `AutoConfig`,
+`AutoModel` and `AutoModelForCausalLM`.
 """
 
 import transformers
 
-from . import hub
+from . import hub, hybrid
 from .cache_hf_attn import HfAttnCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
+from .hybrid import hybridize
 from .metrics import load_metric  # imports `evaluate` only when called
 from .modeling_hf_attn import *  # noqa: F403
 from .modeling_hf_attn import MODEL_CLASSES, HfAttnPreTrainedModel
@@ -22,6 +26,7 @@ def _register() -> None:
         for auto_name, model_class in classes.items():
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
     HfAttnPreTrainedModel.sharing = hub  # model cards for save_pretrained and push_to_hub
+    hybrid.register()
 
 
 _register()
@@ -43,6 +48,7 @@ __all__ = [
     "PositionalGPT2Config",
     "LocalGPT2Config",
     "HybridGPT2Config",
+    "hybridize",
     *_modeling_all,
     "load_metric",
     "convert_gpt2",  # noqa: F405  (loaded on first use by __getattr__)

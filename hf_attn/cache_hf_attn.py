@@ -98,10 +98,13 @@ def kind_layer(kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None) 
 
 class HeadKindLayer(CacheLayerMixin):
     """One decoder layer's cache: a transformers cache layer per head kind present (`by_kind`), tensors
-    (B, H_kind, tokens, D). Everything transformers asks of a layer is passed on to each of them."""
+    (B, H_kind, tokens, D). Everything transformers asks of a layer is passed on to each of them.
+
+    The heads are the config's `kv_head_layout`: an hf_attn model's heads, or, in a model given kinds by
+    `hf_attn.hybridize`, its key/value heads (several query heads may read one)."""
 
     def __init__(self, config: HfAttnConfig, layer_idx: int, max_cache_len: int | None = None):
-        layout = config.head_layout[layer_idx]
+        layout = config.kv_head_layout[layer_idx]
         self.layout = layout
         self.by_kind = {kind.name: kind_layer(kind, config, max_cache_len) for kind in kinds_in(layout)}
         self.caches_keys = {kind.name: "keys" in kind.cached for kind in kinds_in(layout)}
@@ -140,12 +143,15 @@ class HeadKindLayer(CacheLayerMixin):
             layer.lazy_initialization(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Layout-order (B, n_head, T, D) states that come from outside, e.g. a PEFT prefix, stored per kind.
-        Returns them as given: hf_attn's own attention calls `update_kind`."""
+        """Layout-order (B, n_head, T, D) states, stored per kind: a hybridized model's new tokens, or the past of an
+        hf_attn model from outside (a PEFT prefix; its own attention calls `update_kind`). Returns the keys and the
+        values each kind's heads see, {kind: (B, H_kind, tokens, D)}, for `hf_attn.hybrid.hybrid_attention`."""
         keys, values = self.split(key_states), self.split(value_states)
-        for name, layer in self.by_kind.items():
-            layer.update(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
-        return key_states, value_states
+        seen = {
+            name: layer.update(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
+            for name, layer in self.by_kind.items()
+        }
+        return {name: k for name, (k, _) in seen.items()}, {name: v for name, (_, v) in seen.items()}
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.first.get_mask_sizes(query_length)
@@ -218,11 +224,13 @@ class HeadKindLayer(CacheLayerMixin):
 
 
 class HfAttnCache(Cache):
-    """`Cache` for hf_attn models: dynamic, or static and compileable with `max_cache_len` (what
-    `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too."""
+    """`Cache` for hf_attn models and hybridized ones: dynamic, or, for hf_attn models, static and compileable with
+    `max_cache_len` (what `cache_implementation="static"` makes). `generate` and the model make it themselves; a
+    user may too."""
 
     def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None):
-        super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(config.n_layer)])
+        layers = len(config.kv_head_layout)
+        super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(layers)])
 
     def memory_bytes(self) -> int:
         """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's size."""

@@ -243,6 +243,11 @@ class HfAttnConfig(GPT2Config):
         self.validate_numeric_inputs()
 
     @property
+    def kv_head_layout(self) -> list[list[str]]:
+        """The kind of each head whose keys and values the cache keeps: every head's, one key/value head per head."""
+        return self.head_layout
+
+    @property
     def uses_positional_heads(self) -> bool:
         """Some head takes its weights from the positional encoding P (the model then builds P)."""
         return any(not HEAD_KINDS[kind].content for layer in self.head_layout for kind in layer)

@@ -1,0 +1,400 @@
+"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Mistral and GPT-2.
+
+`hybridize(model, ...)` gives a loaded model per-head kinds with nothing else of its architecture changed: its
+config becomes a registered `hf_attn_<family>` type (the family's config plus `head_layout`, `local_window`,
+`attend_to_self`), and its attention modules run `hybrid_attention`, registered in transformers'
+`AttentionInterface`, which splits each layer's query heads by kind:
+
+- global heads attend as the model always did (SDPA over the mask transformers built);
+- local heads see only the `local_window` previous tokens (and themselves, with `attend_to_self`).
+
+With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
+key/value head that some global query head reads, and only the last `local_window` tokens of one that only local
+heads read: the layout's `kv_head_layout`. A model saved after `hybridize` loads with `AutoModelForCausalLM` once
+hf_attn is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+import transformers
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Model,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaModel,
+    MistralConfig,
+    MistralForCausalLM,
+    MistralModel,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+)
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from .attention_hf_attn import Visibility, global_attention, local_attention, visibility_mask
+from .cache_hf_attn import HfAttnCache
+
+HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
+KINDS = ("global", "local")
+# The families `hybridize` takes: their config type and the model classes it gives per-head kinds, by Auto class.
+FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
+    "llama": (LlamaConfig, {"AutoModel": LlamaModel, "AutoModelForCausalLM": LlamaForCausalLM}),
+    "qwen2": (Qwen2Config, {"AutoModel": Qwen2Model, "AutoModelForCausalLM": Qwen2ForCausalLM}),
+    "mistral": (MistralConfig, {"AutoModel": MistralModel, "AutoModelForCausalLM": MistralForCausalLM}),
+    "gpt2": (GPT2Config, {"AutoModel": GPT2Model, "AutoModelForCausalLM": GPT2LMHeadModel}),
+}
+
+
+# --- which head is which ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerHeads:
+    """One layer's query heads by kind (`kinds`, in head order) and the key/value heads they read: query head h reads
+    key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it."""
+
+    kinds: tuple[str, ...]
+    num_key_value_heads: int
+    local_window: int
+    attend_to_self: bool
+
+    @property
+    def group_size(self) -> int:
+        return len(self.kinds) // self.num_key_value_heads
+
+    @cached_property
+    def kv_kinds(self) -> tuple[str, ...]:
+        """Per key/value head: "global" (every token kept) when a global query head reads it, else "local"."""
+        groups = [self.kinds[g * self.group_size : (g + 1) * self.group_size] for g in range(self.num_key_value_heads)]
+        return tuple("global" if "global" in group else "local" for group in groups)
+
+    @cached_property
+    def heads(self) -> dict[str, list[int]]:
+        """Query heads per kind present, in head order."""
+        return {kind: [h for h, k in enumerate(self.kinds) if k == kind] for kind in KINDS if kind in self.kinds}
+
+    @cached_property
+    def kv_heads(self) -> dict[str, list[int]]:
+        """Key/value heads per kind present: the order in which `HfAttnCache` keeps them."""
+        return {kind: [g for g, k in enumerate(self.kv_kinds) if k == kind] for kind in KINDS if kind in self.kv_kinds}
+
+    @cached_property
+    def sources(self) -> dict[str, list[tuple[str, int]]]:
+        """Per query kind, for each of its heads: the kind of key/value head it reads and that head's index among
+        those the cache keeps of its kind."""
+        position = {g: (kind, i) for kind, heads in self.kv_heads.items() for i, g in enumerate(heads)}
+        return {kind: [position[h // self.group_size] for h in heads] for kind, heads in self.heads.items()}
+
+    @cached_property
+    def order(self) -> list[int]:
+        """The permutation that puts outputs computed kind by kind back in head order."""
+        computed = [h for heads in self.heads.values() for h in heads]
+        return sorted(range(len(computed)), key=computed.__getitem__)
+
+    @property
+    def visibility(self) -> Visibility:
+        """What a local head sees: the `local_window` previous tokens, and itself with `attend_to_self`."""
+        return Visibility(is_causal=True, attend_to_self=self.attend_to_self, local_window=self.local_window)
+
+
+def layer_heads(config, layer_idx: int) -> LayerHeads:
+    return LayerHeads(
+        tuple(config.head_layout[layer_idx]), num_key_value_heads(config), config.local_window, config.attend_to_self
+    )
+
+
+def num_key_value_heads(config) -> int:
+    """GPT-2 has one key/value head per query head and no field saying so."""
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+# --- the attention function ------------------------------------------------------------------------------------
+
+
+def hybrid_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+    """A hybridized layer's attention, as transformers' attention interface calls it: query (B, H, T, D); key and
+    value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}; the mask
+    transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
+    Returns (B, T, H, D) and no weights."""
+    heads: LayerHeads = module.hf_attn_heads
+    keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
+    if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
+        )
+    outputs = []
+    if "global" in heads.heads:
+        q, k, v = gathered(query, keys, values, heads, "global")
+        outputs.append(global_attention(q, k, v, Visibility(True, True), attention_mask, scaling, dropout))
+    q, k, v = gathered(query, keys, values, heads, "local")
+    outputs.append(
+        local_attention(q, k, v, heads.visibility, local_mask(attention_mask, heads, q, k), scaling, dropout)
+    )
+    out = torch.cat(outputs, dim=1)[:, heads.order]
+    return out.transpose(1, 2), None
+
+
+def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
+    """Key or value states by kind of key/value head: as the cache returned them, or split from one tensor (no
+    cache, or another model's)."""
+    if isinstance(states, dict):
+        return states
+    if len(heads.kv_heads) == 1:
+        return {next(iter(heads.kv_heads)): states}
+    return {kind: states[:, indices] for kind, indices in heads.kv_heads.items()}
+
+
+def gathered(query, keys: dict, values: dict, heads: LayerHeads, kind: str) -> tuple[torch.Tensor, ...]:
+    """The queries of `kind`'s heads and, for each, the keys and values it reads, all ending at the newest token:
+    (B, H_kind, T, D), (B, H_kind, S_kind, D) twice. Local heads read as many tokens as the shortest source holds,
+    at least their window."""
+    sources = heads.sources[kind]
+    length = min(keys[source].shape[-2] for source, _ in sources)
+
+    def per_head(states: dict) -> torch.Tensor:
+        return torch.stack([states[source][:, index, -length:] for source, index in sources], dim=1)
+
+    return query[:, heads.heads[kind]], per_head(keys), per_head(values)
+
+
+def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """Local heads' mask: None when causal order says it all (the fast banded kernel), else the model's mask over
+    the keys they read (the newest ones) with their window in it."""
+    if attention_mask is None:
+        return None
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
+    return attention_mask[..., -num_keys:].bool() & window
+
+
+AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(HYBRID_ATTENTION, sdpa_mask)  # boolean masks, None where causal order suffices
+
+
+# --- config and model types ------------------------------------------------------------------------------------
+
+
+class HybridConfigMixin:
+    """The fields a hybridized family's config adds, and their checks. Every query head's kind is in `head_layout`
+    (one list per layer); `kv_head_layout` follows from it."""
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.head_layout is None:
+            self.head_layout = [["global"] * self.num_attention_heads for _ in range(self.num_hidden_layers)]
+        self.head_layout = [list(layer) for layer in self.head_layout]
+        if problems := layout_problems(self):
+            raise ValueError(f"Invalid {type(self).__name__}: " + "; ".join(problems))
+
+    @property
+    def kv_head_layout(self) -> list[list[str]]:
+        """Per layer, the kind of each key/value head: "global" where a global query head reads it (the cache keeps
+        every token), else "local" (it keeps the last `local_window`)."""
+        return [list(layer_heads(self, i).kv_kinds) for i in range(self.num_hidden_layers)]
+
+
+def layout_problems(config) -> list[str]:
+    """Every problem of the hybrid fields at once, each naming the field and what it allows."""
+    problems = []
+    layout, heads, layers = config.head_layout, config.num_attention_heads, config.num_hidden_layers
+    if len(layout) != layers:
+        problems.append(f"`head_layout` must have one list per layer ({layers}), got {len(layout)}")
+    if wrong := [i for i, layer in enumerate(layout) if len(layer) != heads]:
+        problems.append(f"`head_layout` must name every head ({heads}) of each layer; layers {wrong} do not")
+    if unknown := sorted({kind for layer in layout for kind in layer} - set(KINDS)):
+        problems.append(f"`head_layout` holds {unknown}; allowed kinds: {list(KINDS)}")
+    if not isinstance(config.local_window, int) or config.local_window < 1:
+        problems.append(f"`local_window` must be an int >= 1 (the previous tokens a local head sees), got "
+                        f"{config.local_window!r}")  # fmt: skip
+    if heads % num_key_value_heads(config):
+        problems.append(f"`num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` "
+                        f"({num_key_value_heads(config)})")  # fmt: skip
+    return problems
+
+
+class HybridModelMixin:
+    """What a hybridized family's model classes add: every attention module knows its heads (`hf_attn_heads`) and
+    runs `hybrid_attention`, and `generate` and `forward` (`with_hybrid_cache`) decode with an `HfAttnCache`."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        attach_heads(self)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """Global heads run SDPA, local heads their banded kernel, both behind one attention function."""
+        allowed = ("sdpa", HYBRID_ATTENTION)
+        if requested_attention is not None and requested_attention not in allowed:
+            raise ValueError(
+                f"`attn_implementation`={requested_attention!r} is not supported by hybridized models; allowed: "
+                f"{list(allowed)} (both run global heads through SDPA)."
+            )
+        return HYBRID_ATTENTION
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate`'s cache, made as for any model, then replaced by an `HfAttnCache` that keeps of each key/value
+        head what its query heads read."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        made = model_kwargs.get("cache")
+        if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
+            return
+        if type(made) is not transformers.DynamicCache or made.offloading:
+            raise ValueError(
+                f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hybridized "
+                "models yet; allowed: None or 'dynamic' (the default)."
+            )
+        model_kwargs["cache"] = HfAttnCache(self.config)
+        if generation_config.is_assistant:
+            model_kwargs["cache"].activate_past_recording()
+
+
+def with_hybrid_cache(family_forward: Callable) -> Callable:
+    """The family's `forward`, given an `HfAttnCache` where it would make itself a `DynamicCache`. Keyword arguments
+    only (the families order their positional ones differently); the family's signature stays visible to Trainer,
+    which keeps only the dataset columns `forward` names."""
+
+    @functools.wraps(family_forward)
+    def forward(self, *args, **kwargs):
+        use_cache = kwargs.get("use_cache")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and len(args) <= 1 and kwargs.get("cache") is None and kwargs.get("past_key_values") is None:
+            kwargs["cache"] = HfAttnCache(self.config)
+        return family_forward(self, *args, **kwargs)
+
+    return forward
+
+
+def attach_heads(model: PreTrainedModel) -> None:
+    """Tells each attention module of `model` its heads' kinds (a plain attribute: weights and state dict unchanged)."""
+    attention_types = tuple(ATTENTION_MODULES.values())
+    for module in model.modules():
+        if isinstance(module, attention_types):
+            module.hf_attn_heads = layer_heads(model.config, module.layer_idx)
+
+
+def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]) -> tuple[type, dict[str, type]]:
+    """The `hf_attn_<family>` config type and its model classes, by Auto class: the family's own, plus the mixins."""
+    name = config_class.__name__.removesuffix("Config")
+    config = type(f"HfAttn{name}Config", (HybridConfigMixin, config_class), {
+        "__module__": __name__,
+        "__doc__": f"`{config_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
+        "model_type": f"hf_attn_{family}",
+        "__annotations__": {"head_layout": "list[list[str]] | None", "local_window": "int", "attend_to_self": "bool"},
+        "head_layout": None,
+        "local_window": 1,
+        "attend_to_self": True,
+    })  # fmt: skip
+    models = {
+        auto_name: type(
+            f"HfAttn{model_class.__name__}",
+            (HybridModelMixin, model_class),
+            {
+                "__module__": __name__,
+                "__doc__": f"`{model_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
+                "config_class": config,
+                "forward": with_hybrid_cache(model_class.forward),
+            },
+        )  # fmt: skip
+        for auto_name, model_class in model_classes.items()
+    }
+    return config, models
+
+
+ATTENTION_MODULES = {
+    "llama": transformers.models.llama.modeling_llama.LlamaAttention,
+    "qwen2": transformers.models.qwen2.modeling_qwen2.Qwen2Attention,
+    "mistral": transformers.models.mistral.modeling_mistral.MistralAttention,
+    "gpt2": transformers.models.gpt2.modeling_gpt2.GPT2Attention,
+}
+HYBRID_TYPES = {family: hybrid_types(family, *classes) for family, classes in FAMILIES.items()}
+
+
+# --- the entry point -------------------------------------------------------------------------------------------
+
+
+def hybridize(
+    model: PreTrainedModel,
+    head_layout: Sequence[Sequence[str]] | None = None,
+    num_local_heads: int | Sequence[int] | None = None,
+    local_window: int = 1,
+    attend_to_self: bool = True,
+) -> PreTrainedModel:
+    """Gives `model` (a loaded Llama, Qwen2, Mistral or GPT-2 model, or one hybridized before) a kind per query head,
+    in place, and returns it; weights, dtype and device are untouched.
+
+    `head_layout` names every head's kind ("global" or "local"), one list per layer; or `num_local_heads` makes the
+    last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole
+    key/value groups turn local and the cache keeps only their last `local_window` tokens. Neither: every head stays
+    global and the model computes exactly what it did. `attend_to_self=True` (the default) lets a local head see its
+    own token as well, as pretrained heads were trained to.
+    """
+    family = family_of(model.config)
+    config_class, model_classes = HYBRID_TYPES[family]
+    hybrid_class = hybrid_model_class(model, family)
+    if head_layout is not None and num_local_heads is not None:
+        raise ValueError("Give `head_layout` or `num_local_heads`, not both.")
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    if num_local_heads is not None:
+        head_layout = last_heads_local(num_local_heads, layers, heads)
+    fields = {key: value for key, value in model.config.to_dict().items() if key not in ("model_type", "architectures")}
+    fields.update(head_layout=head_layout, local_window=local_window, attend_to_self=attend_to_self)
+    config = config_class(**fields)
+    config._attn_implementation = HYBRID_ATTENTION
+    old_config = model.config
+    for module in model.modules():  # every module that reads the config reads the new one
+        if getattr(module, "config", None) is old_config:
+            module.config = config
+    model.__class__ = hybrid_class
+    attach_heads(model)
+    return model
+
+
+def family_of(config) -> str:
+    family = config.model_type.removeprefix("hf_attn_")
+    if family not in FAMILIES:
+        raise ValueError(
+            f"hybridize supports the model types {list(FAMILIES)} (and their hf_attn_ versions); got "
+            f"{config.model_type!r}."
+        )
+    return family
+
+
+def hybrid_model_class(model: PreTrainedModel, family: str) -> type:
+    """The hybrid class of `model`'s class: itself when hybridized before."""
+    model_classes = HYBRID_TYPES[family][1]
+    if type(model) in model_classes.values():
+        return type(model)
+    for auto_name, base in FAMILIES[family][1].items():
+        if type(model) is base:
+            return model_classes[auto_name]
+    supported = [cls.__name__ for cls in FAMILIES[family][1].values()]
+    raise ValueError(f"hybridize supports {supported} for {family!r}; got {type(model).__name__}.")
+
+
+def last_heads_local(num_local_heads: int | Sequence[int], layers: int, heads: int) -> list[list[str]]:
+    counts = [num_local_heads] * layers if isinstance(num_local_heads, int) else list(num_local_heads)
+    if len(counts) != layers or any(not 0 <= n <= heads for n in counts):
+        raise ValueError(
+            f"`num_local_heads` must be an int in 0..{heads} or one per layer ({layers}); got {num_local_heads!r}"
+        )
+    return [["global"] * (heads - n) + ["local"] * n for n in counts]
+
+
+def register() -> None:
+    """The `hf_attn_<family>` types with `AutoConfig`, `AutoModel` and `AutoModelForCausalLM`."""
+    for config_class, model_classes in HYBRID_TYPES.values():
+        transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        for auto_name, model_class in model_classes.items():
+            getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
+
+
+__all__ = ["hybridize", "hybrid_attention", "LayerHeads", "HYBRID_TYPES", "FAMILIES"]

@@ -1,0 +1,279 @@
+"""`hf_attn.hybridize`: per-head global and local attention in Llama, Qwen2, Mistral and GPT-2 models.
+
+References: the unmodified model (an all-global layout), and the model itself running a naive attention function
+written here from the papers' definitions (tests/naive.py), registered in transformers' attention interface.
+"""
+
+import copy
+import json
+import re
+
+import pytest
+import torch
+from naive import naive_attention
+from transformers import (
+    AutoModelForCausalLM,
+    BertConfig,
+    BertModel,
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+import hf_attn
+from hf_attn import HfAttnCache, hybridize
+
+VOCAB = 97
+NO_SPECIAL_TOKENS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def tiny(family: str, seed: int = 0):
+    """A tiny model of `family`, random weights; grouped-query attention wherever the family has it."""
+    torch.manual_seed(seed)
+    shared = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, **NO_SPECIAL_TOKENS)
+    decoder = dict(hidden_size=64, intermediate_size=96, num_attention_heads=8, **shared)
+    if family == "llama":
+        return LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, **decoder)).eval()
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=4, **decoder)).eval()
+    if family == "mistral":
+        return MistralForCausalLM(MistralConfig(num_key_value_heads=2, sliding_window=None, **decoder)).eval()
+    return GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=8, n_layer=2, n_positions=64, vocab_size=VOCAB,
+                                      **NO_SPECIAL_TOKENS)).eval()  # fmt: skip
+
+
+FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+# Mixed per layer, whole key/value groups local (8 query heads over 2: heads 4-7 share the second) and split ones.
+LAYOUT = [["global"] * 4 + ["local"] * 4, ["local", "global", "local", "local", "local", "local", "global", "local"]]
+
+
+def batch(seed: int = 1, length: int = 12):
+    """Two rows, the first left-padded by 3."""
+    torch.manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (2, length))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return ids, mask
+
+
+# --- a naive reference, registered as another attention function ------------------------------------------------
+
+NAIVE = "hf_attn_test_naive"
+NAIVE_LAYOUT = {}  # what the naive function reads: "layout", "local_window", "attend_to_self"
+
+
+def naive_layer_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Every query head through `naive_attention` with its kind's visibility; query head h reads key/value head
+    h // (heads per key/value head). Padding comes from the mask's last row (causal order is naive's own)."""
+    kinds = NAIVE_LAYOUT["layout"][module.layer_idx]
+    group = query.shape[1] // key.shape[1]
+    key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
+    outputs = []
+    for h, kind in enumerate(kinds):
+        local = kind == "local"
+        out, _ = naive_attention(
+            query[:, h : h + 1], key[:, h // group : h // group + 1], value[:, h // group : h // group + 1],
+            is_causal=True, attend_to_self=NAIVE_LAYOUT["attend_to_self"] or not local,
+            local_window=NAIVE_LAYOUT["local_window"] if local else None, key_mask=key_mask, scale=scaling,
+        )  # fmt: skip
+        outputs.append(out.to(query.dtype))
+    return torch.cat(outputs, dim=1).transpose(1, 2), None
+
+
+AttentionInterface.register(NAIVE, naive_layer_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAIVE, sdpa_mask)
+
+
+def naive_twin(model, layout, local_window: int, attend_to_self: bool):
+    twin = copy.deepcopy(model)
+    twin.set_attn_implementation(NAIVE)
+    NAIVE_LAYOUT.update(layout=layout, local_window=local_window, attend_to_self=attend_to_self)
+    return twin
+
+
+# --- exactness ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_all_global_layout_gives_the_original_logits(family):
+    model = tiny(family)
+    ids, mask = batch()
+    expected = model(ids, attention_mask=mask).logits
+    hybrid = hybridize(model)
+    assert hybrid is model and hybrid.config.model_type == f"hf_attn_{family}"
+    torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attend_to_self", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_local_heads_equal_a_naive_reference(family, attend_to_self, padded):
+    model = tiny(family)
+    twin = naive_twin(model, LAYOUT, local_window=2, attend_to_self=attend_to_self)
+    hybrid = hybridize(model, head_layout=LAYOUT, local_window=2, attend_to_self=attend_to_self)
+    ids, mask = batch()
+    mask = mask if padded else torch.ones_like(mask)
+    expected = twin(ids, attention_mask=mask).logits
+    torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_local_heads_change_the_logits_and_only_beyond_the_window():
+    """Positions whose whole past fits in the window see what global heads see; later ones do not."""
+    model = tiny("llama")
+    ids, _ = batch()
+    expected = model(ids).logits
+    logits = hybridize(model, num_local_heads=8, local_window=3)(ids).logits
+    torch.testing.assert_close(logits[:, :4], expected[:, :4], rtol=1e-5, atol=1e-5)  # positions 0..3: all seen
+    assert (logits[:, 4:] - expected[:, 4:]).abs().amax(dim=-1).min() > 1e-4
+
+
+# --- the layout and its cache -------------------------------------------------------------------------------------
+
+
+def test_num_local_heads_makes_the_last_heads_local_and_whole_groups_cache_a_window():
+    model = hybridize(tiny("llama"), num_local_heads=[4, 6], local_window=2)
+    assert model.config.head_layout == [["global"] * 4 + ["local"] * 4, ["global"] * 2 + ["local"] * 6]
+    # 8 query heads read 2 key/value heads, 4 each: the second group is all local in both layers.
+    assert model.config.kv_head_layout == [["global", "local"], ["global", "local"]]
+    assert hybridize(model, num_local_heads=3).config.kv_head_layout == [["global", "global"]] * 2  # 5-7 share with 4
+
+
+def test_the_cache_keeps_every_token_of_global_groups_and_the_window_of_local_ones():
+    model = hybridize(tiny("llama"), num_local_heads=4, local_window=2)
+    ids, _ = batch(length=20)
+    cache = model(ids, use_cache=True).past_key_values
+    assert isinstance(cache, HfAttnCache)
+    for layer in cache.layers:
+        tensors = layer.tensors()
+        assert tensors["global_keys"].shape == (2, 1, 20, 8) and tensors["local_keys"].shape == (2, 1, 2, 8)
+    dynamic = DynamicCache(config=tiny("llama").config)
+    tiny("llama")(ids, cache=dynamic, use_cache=True)
+    dynamic_bytes = sum(t.nbytes for layer in dynamic.layers for t in (layer.keys, layer.values))
+    assert cache.memory_bytes() < dynamic_bytes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoding_with_the_cache_gives_the_logits_of_the_whole_sequence(family):
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch(length=14)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    cache = HfAttnCache(model.config)
+    steps = [(0, 8), (8, 10), (10, 11), (11, 14)]  # a prefill, then chunks of 2, 1 and 3 tokens
+    for start, end in steps:
+        logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
+                       cache=cache).logits  # fmt: skip
+        torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+
+
+# --- generate ----------------------------------------------------------------------------------------------------
+
+
+def greedy_by_recomputing(model, ids, mask, new_tokens: int):
+    """Greedy decoding written out: the whole sequence again at every step, no cache."""
+    for _ in range(new_tokens):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        following = logits[:, -1].argmax(-1, keepdim=True)
+        ids, mask = torch.cat([ids, following], 1), torch.cat([mask, torch.ones_like(following)], 1)
+    return ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generate_with_left_padding_equals_recomputing(family):
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated, greedy_by_recomputing(model, ids, mask, 8))
+
+
+@pytest.mark.parametrize("options", [dict(num_beams=3), dict(do_sample=True, top_k=5)], ids=["beam", "sample"])
+def test_beam_search_and_sampling_with_the_cache_equal_them_without(options):
+    model = hybridize(tiny("qwen2"), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(0)
+        runs.append(model.generate(ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0, use_cache=use_cache,
+                                   **options))  # fmt: skip
+    assert torch.equal(*runs)
+
+
+# --- saving, loading, training -----------------------------------------------------------------------------------
+
+
+def test_save_pretrained_and_from_pretrained_give_the_same_model(tmp_path):
+    model = hybridize(tiny("mistral"), head_layout=LAYOUT, local_window=3, attend_to_self=False)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "hf_attn_mistral" and saved["head_layout"] == LAYOUT
+    assert (saved["local_window"], saved["attend_to_self"]) == (3, False)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded) is type(model) and loaded.config._attn_implementation == "hf_attn_hybrid"
+    ids, mask = batch()
+    torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
+def test_trainer_fine_tunes_a_hybridized_model(tmp_path):
+    model = hybridize(tiny("llama"), num_local_heads=4, local_window=2)
+    torch.manual_seed(0)
+    rows = [{"input_ids": row, "labels": row} for row in torch.randint(0, VOCAB, (32, 16))]
+    args = TrainingArguments(tmp_path, max_steps=6, per_device_train_batch_size=8, learning_rate=1e-2, use_cpu=True,
+                             report_to="none", save_strategy="no", logging_steps=1)  # fmt: skip
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
+    assert all(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert type(trainer.model).__name__ == "HfAttnLlamaForCausalLM"
+
+
+# --- refusals ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make,arguments,message",
+    [
+        (
+            lambda: BertModel(
+                BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+            ),
+            {},
+            "hybridize supports the model types",
+        ),  # fmt: skip
+        (lambda: LlamaForSequenceClassification(tiny("llama").config), {}, "LlamaForCausalLM"),
+        (lambda: tiny("llama"), dict(head_layout=LAYOUT, num_local_heads=2), "not both"),
+        (lambda: tiny("llama"), dict(num_local_heads=9), "`num_local_heads` must be an int in 0..8"),
+        (lambda: tiny("llama"), dict(head_layout=[["global"] * 8]), "one list per layer (2), got 1"),
+        (lambda: tiny("llama"), dict(head_layout=[["global"] * 7, ["global"] * 8]), "layers [0] do not"),
+        (lambda: tiny("llama"), dict(head_layout=[["positional"] * 8] * 2), "allowed kinds: ['global', 'local']"),
+        (lambda: tiny("llama"), dict(num_local_heads=2, local_window=0), "`local_window` must be an int >= 1"),
+    ],
+)
+def test_bad_input_is_refused_naming_what_is_allowed(make, arguments, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        hybridize(make(), **arguments)
+
+
+def test_attn_implementations_other_than_sdpa_are_refused():
+    model = hybridize(tiny("llama"), num_local_heads=4)
+    with pytest.raises(ValueError, match=r"'eager' is not supported by hybridized models; allowed: \['sdpa'"):
+        model.set_attn_implementation("eager")
+
+
+def test_import_registers_the_hybrid_types_with_the_auto_classes():
+    for family in FAMILIES:
+        config = hf_attn.hybrid.HYBRID_TYPES[family][0]
+        assert AutoModelForCausalLM._model_mapping[config].__name__.startswith("HfAttn")
