@@ -16,7 +16,7 @@ from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Conf
 from .hybrid import hybridize
 from .metrics import load_metric  # imports `evaluate` only when called
 from .modeling_hf_attn import *  # noqa: F403
-from .modeling_hf_attn import MODEL_CLASSES, HfAttnPreTrainedModel
+from .modeling_hf_attn import MODEL_CLASSES, CardSharing
 from .modeling_hf_attn import __all__ as _modeling_all
 
 
@@ -25,7 +25,7 @@ def _register() -> None:
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         for auto_name, model_class in classes.items():
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
-    HfAttnPreTrainedModel.sharing = hub  # model cards for save_pretrained and push_to_hub
+    CardSharing.sharing = hub  # model cards for save_pretrained and push_to_hub
     hybrid.register()
 
 

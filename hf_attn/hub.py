@@ -6,7 +6,8 @@ Two kinds of card, both describing only the head kinds and masks the model has:
   and writes `README.md` there, with the run's measured results as `model-index` eval results. `push_run` uploads
   that folder to one Hub repository.
 - a model type's card (`model_cards/<model_type>.md`) for any other checkpoint, made by hand or by `convert_gpt2`:
-  `save_pretrained` writes it and `push_to_hub` uploads it (`HfAttnPreTrainedModel.sharing` is this module).
+  `save_pretrained` writes it and `push_to_hub` uploads it (`CardSharing.sharing` is this module). Models given
+  per-head kinds by `hf_attn.hybridize` get `model_cards/hybrid_decoder.md`.
 """
 
 import itertools
@@ -24,6 +25,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind, kinds_in
+from .hybrid import HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
 
 # `model_cards/` sits at the top of the repository; the wheel ships it inside the package (pyproject.toml maps it to
@@ -181,6 +183,33 @@ def head_layout_section(config) -> str:
     ])  # fmt: skip
 
 
+def hybrid_layout_section(config) -> str:
+    """Which heads of a hybridized model are local, what they see, and what the cache keeps per token."""
+    rows = []
+    for layers, layer in layer_runs(config.head_layout):
+        kept = config.kv_head_layout[int(layers.split("-")[0])]  # the same in every layer of the run
+        counts = (layer.count("global"), layer.count("local"), kept.count("global"), kept.count("local"))
+        rows.append(f"| {layers} | " + " | ".join(map(str, counts)) + " |")
+    seen = "the previous token" if config.local_window == 1 else f"the {config.local_window} previous tokens"
+    itself = " and itself" if config.attend_to_self else " (never itself)"
+    ours, original = cache_bytes_per_token(config), original_cache_bytes_per_token(config)
+    return "\n".join([
+        f"Global heads attend as in the original `{config.model_type.removeprefix('hf_attn_')}` model; local heads see "
+        f"only {seen}{itself} (`local_window` = {config.local_window}).", "",
+        "| layers | global heads | local heads | key/value heads kept whole | key/value heads kept as a window |",
+        "|---|---|---|---|---|", *rows, "",
+        "A key/value head is kept whole when a global query head reads it (grouped-query attention), else only its "
+        f"window. At long context the cache grows by {ours:,} bytes per token in 16-bit precision, "
+        f"{ours / original:.2f}x the original model's {original:,}.",
+    ])  # fmt: skip
+
+
+def hybrid_auto_class(model) -> str:
+    """The Auto class that loads a hybridized model: `AutoModelForCausalLM` or `AutoModel`."""
+    family = model.config.model_type.removeprefix("hf_attn_")
+    return next(name for name, cls in HYBRID_TYPES[family][1].items() if isinstance(model, cls))
+
+
 def loading(config) -> str:
     """How the card says to load the model: `plain` (GPT-2), `remote_code` (the code is saved beside the weights) or
     `hf_attn` (hf_attn must be installed)."""
@@ -271,20 +300,21 @@ def model_type_card(
     converted (both from `convert_gpt2`).
     """
     config = model.config
-    auto_class = auto_class_name(config)
+    hybrid = isinstance(config, HybridConfigMixin)
+    auto_class = hybrid_auto_class(model) if hybrid else auto_class_name(config)
     card_data = ModelCardData(
         model_name=repo_id or config.model_type, library_name="transformers", base_model=base_model,
         pipeline_tag=PIPELINE_TAGS.get(auto_class),
         tags=list(dict.fromkeys(["hf_attn", config.model_type, *(model.model_tags or []), *tags])),
     )  # fmt: skip
     return render_card(
-        CARD_TEMPLATES.select_template([f"{config.model_type}.md", "model.md"]).name,
+        "hybrid_decoder.md" if hybrid else CARD_TEMPLATES.select_template([f"{config.model_type}.md", "model.md"]).name,
         card_data,
         name=repo_id or config.model_type,
         config=config,
         parameters=model.num_parameters(),
         conversion=conversion,
-        head_layout=head_layout_section(config),
+        head_layout=hybrid_layout_section(config) if hybrid else head_layout_section(config),
         auto_class=auto_class,
         repo_id=repo_id or "path/to/this/folder",
         loading=loading(config),

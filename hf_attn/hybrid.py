@@ -43,6 +43,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 from .attention_hf_attn import Visibility, global_attention, local_attention, visibility_mask
 from .cache_hf_attn import HfAttnCache
+from .modeling_hf_attn import CardSharing
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
 KINDS = ("global", "local")
@@ -203,6 +204,22 @@ class HybridConfigMixin:
         return [list(layer_heads(self, i).kv_kinds) for i in range(self.num_hidden_layers)]
 
 
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def cache_bytes_per_token(config, bytes_per_value: int = 2) -> int:
+    """What the cache grows by per token at long context: keys and values of the key/value heads kept whole, in every
+    layer (the windows of local ones stay `local_window` tokens long). 2 bytes a value: bfloat16 and float16."""
+    whole = sum(layer.count("global") for layer in config.kv_head_layout)
+    return 2 * whole * head_dim(config) * bytes_per_value
+
+
+def original_cache_bytes_per_token(config, bytes_per_value: int = 2) -> int:
+    """The same for the model before `hybridize`: every key/value head of every layer."""
+    return 2 * config.num_hidden_layers * num_key_value_heads(config) * head_dim(config) * bytes_per_value
+
+
 def layout_problems(config) -> list[str]:
     """Every problem of the hybrid fields at once, each naming the field and what it allows."""
     problems = []
@@ -222,9 +239,10 @@ def layout_problems(config) -> list[str]:
     return problems
 
 
-class HybridModelMixin:
+class HybridModelMixin(CardSharing):
     """What a hybridized family's model classes add: every attention module knows its heads (`hf_attn_heads`) and
-    runs `hybrid_attention`, and `generate` and `forward` (`with_hybrid_cache`) decode with an `HfAttnCache`."""
+    runs `hybrid_attention`; `generate` and `forward` (`with_hybrid_cache`) decode with an `HfAttnCache`; and
+    `save_pretrained` and `push_to_hub` write a card saying which heads are local."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -397,4 +415,12 @@ def register() -> None:
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
 
 
-__all__ = ["hybridize", "hybrid_attention", "LayerHeads", "HYBRID_TYPES", "FAMILIES"]
+__all__ = [
+    "hybridize",
+    "hybrid_attention",
+    "LayerHeads",
+    "HYBRID_TYPES",
+    "FAMILIES",
+    "cache_bytes_per_token",
+    "original_cache_bytes_per_token",
+]

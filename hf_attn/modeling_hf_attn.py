@@ -52,7 +52,38 @@ class RemoteCodeQuery:
         return lambda: (model_class if model is None else model)._auto_class is not None
 
 
-class HfAttnPreTrainedModel(PreTrainedModel):
+class CardSharing:
+    """`save_pretrained` and `push_to_hub` that write the model's card, for hf_attn's models and hybridized ones."""
+
+    # Set to `hf_attn.hub` when hf_attn is imported. Where this file runs as remote code without hf_attn it stays None,
+    # and saving and pushing are transformers' own (without a card: the templates are not exported).
+    sharing: ClassVar[Sharing | None] = None
+
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
+        """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md.
+
+        With `push_to_hub=True` the push is `push_to_hub`'s (transformers' arguments: `repo_id`, by default the
+        folder's name, `commit_message`, `private`, `token`, ...), so the Hub gets this model's card too, not the
+        generic one transformers would upload."""
+        push = self.sharing is not None and is_main_process and kwargs.pop("push_to_hub", False)
+        hub_kwargs = {name: kwargs.pop(name) for name in PUSH_ARGUMENTS if name in kwargs} if push else {}
+        super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
+        if self.sharing is not None and is_main_process:
+            self.sharing.write_model_type_card(self, save_directory)
+        if push:
+            repo_id = hub_kwargs.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+            max_shard_size = kwargs.get("max_shard_size", "50GB")
+            self.push_to_hub(repo_id, max_shard_size=max_shard_size, **hub_kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """transformers' `push_to_hub`, with this model's card in place of the generic one where hf_attn is installed
+        (`hf_attn.hub.push_model`)."""
+        if self.sharing is None:
+            return super().push_to_hub(repo_id, **kwargs)
+        return self.sharing.push_model(self, repo_id, **kwargs)
+
+
+class HfAttnPreTrainedModel(CardSharing, PreTrainedModel):
     config: HfAttnConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
@@ -65,9 +96,6 @@ class HfAttnPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_attention_backend = False
     _can_compile_fullgraph = True
-    # Set to `hf_attn.hub` when hf_attn is imported. Where this file runs as remote code without hf_attn it stays None,
-    # and saving and pushing are transformers' own (without a card: the templates are not exported).
-    sharing: ClassVar[Sharing | None] = None
 
     def __init__(self, config: HfAttnConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
@@ -92,29 +120,6 @@ class HfAttnPreTrainedModel(PreTrainedModel):
         for module in self.modules():
             if isinstance(module, HfAttnAttention):
                 module.choose_kernels(self.config)
-
-    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, *args, **kwargs):
-        """transformers' `save_pretrained`, then, where hf_attn is installed, the model card as README.md.
-
-        With `push_to_hub=True` the push is `push_to_hub`'s (transformers' arguments: `repo_id`, by default the
-        folder's name, `commit_message`, `private`, `token`, ...), so the Hub gets this model's card too, not the
-        generic one transformers would upload."""
-        push = self.sharing is not None and is_main_process and kwargs.pop("push_to_hub", False)
-        hub_kwargs = {name: kwargs.pop(name) for name in PUSH_ARGUMENTS if name in kwargs} if push else {}
-        super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
-        if self.sharing is not None and is_main_process:
-            self.sharing.write_model_type_card(self, save_directory)
-        if push:
-            repo_id = hub_kwargs.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
-            max_shard_size = kwargs.get("max_shard_size", "50GB")
-            self.push_to_hub(repo_id, max_shard_size=max_shard_size, **hub_kwargs)
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """transformers' `push_to_hub`, with this model's card in place of the generic one where hf_attn is installed
-        (`hf_attn.hub.push_model`)."""
-        if self.sharing is None:
-            return super().push_to_hub(repo_id, **kwargs)
-        return self.sharing.push_model(self, repo_id, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         if self.config.initialization == "paper_a":

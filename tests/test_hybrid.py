@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from naive import naive_attention
 from transformers import (
     AutoModelForCausalLM,
@@ -277,3 +278,28 @@ def test_import_registers_the_hybrid_types_with_the_auto_classes():
     for family in FAMILIES:
         config = hf_attn.hybrid.HYBRID_TYPES[family][0]
         assert AutoModelForCausalLM._model_mapping[config].__name__.startswith("HfAttn")
+
+
+def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_uploads_it(tmp_path, monkeypatch):
+    from test_hub import StandInHub
+
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    model.save_pretrained(tmp_path / "saved")
+    card = ModelCard.load(tmp_path / "saved" / "README.md")
+    assert "hf_attn_llama" in card.data.tags and card.data.pipeline_tag == "text-generation"
+    # layer 0: heads 4-7 local, so the second key/value head is kept as a window; layer 1: 6 local heads, 2 global
+    # ones (heads 1 and 6) reading both key/value heads, so both are kept whole.
+    assert "| 0 | 4 | 4 | 1 | 1 |" in card.text and "| 1 | 2 | 6 | 2 | 0 |" in card.text
+    # 16-bit keys and values, head dim 8: 3 of the 4 key/value heads are kept whole against 4.
+    assert "grows by 96 bytes per token in 16-bit precision, 0.75x the original model's 128" in card.text
+    assert "AutoModelForCausalLM.from_pretrained" in card.text
+
+    hub = StandInHub(tmp_path / "hub")
+    monkeypatch.setattr(hf_attn.hub, "HfApi", hub)
+    model.push_to_hub("me/tiny-hybrid", token="hf_stand_in")
+    assert hub.uploaded == ["me/tiny-hybrid"]
+    pushed = hub.root / "me/tiny-hybrid"
+    assert 'from_pretrained("me/tiny-hybrid")' in ModelCard.load(pushed / "README.md").text
+    loaded = AutoModelForCausalLM.from_pretrained(pushed)
+    ids, mask = batch()
+    torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
