@@ -1,0 +1,176 @@
+"""Choose which heads of a pretrained decoder to make k-local, from calibration text.
+
+    python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--data FILE] [--output layout.json]
+    hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
+
+Two scores, lower meaning "make it local first":
+
+- `loss` (the default): how much the language-modelling loss on the calibration text rises when that head (or
+  key/value group) alone is made local. It measures what matters, the model's predictions, and it sees a head that
+  retrieves from far back at only a few queries (DuoAttention's retrieval heads), which is where the harm is. It costs
+  a forward pass over the calibration text per scored unit (layers x groups, or x heads).
+- `mass`: the share of its attention weight a head puts beyond the window, averaged over the queries that have keys
+  that far back: exactly what the local mask removes. One pass scores every head, so it suits large models, but an
+  average over queries dilutes a head that retrieves rarely and ranks diffuse heads above it.
+
+Scoring each unit alone does not see redundancy: two heads that retrieve the same thing each score low. With grouped-
+query attention (`--unit kv_group`, the default) whole key/value groups turn local, since only a group that no global
+head reads shrinks the cache; `--unit head` picks query heads. The calibration text is WikiText-2's validation split
+unless `--data` names a text file; never a test split.
+"""
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .data.wikitext import HUB_DATASET, read_text_file
+from .hybrid import family_of, hybridize, num_key_value_heads
+
+UNITS = ("kv_group", "head")
+
+
+def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) -> torch.Tensor:
+    """(layers, heads) mean share of attention weight on keys more than `local_window` tokens before the query, over
+    the queries that have such keys; `attentions` as transformers returns them, (B, H, T, T) per layer."""
+    num_tokens = attentions[0].shape[-1]
+    positions = torch.arange(num_tokens)
+    beyond = positions[None, :] < positions[:, None] - local_window  # (T, T): key j beyond query i's window
+    has_beyond = beyond.any(-1)  # (T,): queries with keys that far back
+    if not has_beyond.any():
+        raise ValueError(f"Calibration blocks of {num_tokens} tokens have no key beyond a window of {local_window}.")
+    scores = []
+    for weights in attentions:  # (B, H, T, T)
+        mass = (weights.float() * beyond).sum(-1)[..., has_beyond]  # (B, H, queries with keys beyond)
+        scores.append(mass.mean((0, 2)))
+    return torch.stack(scores)
+
+
+def mass_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
+    """(layers, units) attention mass beyond the window, averaged over `token_ids` (N, T); a key/value group scores
+    as its most far-looking head. `model` must return attention weights (eager attention)."""
+    totals = torch.zeros(())
+    for ids in batches(token_ids, batch_size, model.device):
+        totals = totals + mass_beyond_window(model(ids, output_attentions=True).attentions, local_window) * len(ids)
+    scores = totals / len(token_ids)
+    layers, heads = scores.shape
+    return scores.view(layers, units_per_layer(model.config, unit), -1).amax(-1)
+
+
+def loss_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
+    """(layers, units) rise of the mean language-modelling loss on `token_ids` when that unit alone is local (the
+    model is hybridized in place, and left all global)."""
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    units = units_per_layer(model.config, unit)
+    hybridize(model, local_window=local_window, attend_to_self=True)
+    baseline = mean_loss(model, token_ids, batch_size)
+    scores = torch.zeros(layers, units)
+    for layer in range(layers):
+        for index in range(units):
+            local = torch.zeros(layers, units, dtype=torch.bool)
+            local[layer, index] = True
+            hybridize(model, head_layout=layout_of(local, heads), local_window=local_window, attend_to_self=True)
+            scores[layer, index] = mean_loss(model, token_ids, batch_size) - baseline
+    hybridize(model, local_window=local_window)
+    return scores
+
+
+SCORES = {"loss": loss_scores, "mass": mass_scores}
+
+
+def mean_loss(model, token_ids: torch.Tensor, batch_size: int) -> float:
+    total = sum(model(ids, labels=ids).loss.item() * len(ids) for ids in batches(token_ids, batch_size, model.device))
+    return total / len(token_ids)
+
+
+def batches(token_ids: torch.Tensor, batch_size: int, device) -> Iterator[torch.Tensor]:
+    with torch.no_grad():
+        for start in range(0, len(token_ids), batch_size):
+            yield token_ids[start : start + batch_size].to(device)
+
+
+def units_per_layer(config, unit: str) -> int:
+    if unit not in UNITS:
+        raise ValueError(f"`unit` must be one of {list(UNITS)}, got {unit!r}")
+    return num_key_value_heads(config) if unit == "kv_group" else config.num_attention_heads
+
+
+def layout_of(local: torch.Tensor, heads: int) -> list[list[str]]:
+    """A head layout from (layers, units) local flags, a unit being a key/value group or a single head."""
+    layers, units = local.shape
+    per_head = local.view(layers, units, 1).expand(layers, units, heads // units).reshape(layers, heads)
+    return [["local" if is_local else "global" for is_local in layer] for layer in per_head.tolist()]
+
+
+def choose_layout(scores: torch.Tensor, local_fraction: float, heads: int) -> list[list[str]]:
+    """The head layout making local the `local_fraction` of units, (layers, units) `scores`, lowest first."""
+    if not 0 <= local_fraction <= 1:
+        raise ValueError(f"`local_fraction` must be in [0, 1], got {local_fraction}")
+    local = torch.zeros(scores.numel(), dtype=torch.bool)
+    local[scores.flatten().argsort(stable=True)[: round(local_fraction * scores.numel())]] = True
+    return layout_of(local.view(scores.shape), heads)
+
+
+def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: int) -> torch.Tensor:
+    """`num_blocks` consecutive blocks of `block_size` tokens from the start of the calibration text."""
+    if data is not None:
+        text = read_text_file(Path(data))
+    else:
+        import datasets
+
+        text = "".join(datasets.load_dataset(*HUB_DATASET, split="validation")["text"])
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    available = len(ids) // block_size
+    if available == 0:
+        raise ValueError(f"The calibration text has {len(ids)} tokens, fewer than one block of {block_size}.")
+    return ids[: min(available, num_blocks) * block_size].view(-1, block_size)
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="Hub id or local folder of a Llama, Qwen2, Mistral or GPT-2 model")
+    parser.add_argument("--local_fraction", type=float, required=True, help="share of heads (or groups) made local")
+    parser.add_argument("--local_window", type=int, required=True, help="k: previous tokens a local head sees")
+    parser.add_argument("--data", help="calibration text file (default: WikiText-2 validation from the Hub)")
+    parser.add_argument("--tokenizer", help="tokenizer id or folder (default: the model's)")
+    parser.add_argument("--unit", choices=UNITS, default="kv_group", help="what turns local together")
+    parser.add_argument("--score", choices=list(SCORES), default="loss", help="what ranks the units (see above)")
+    parser.add_argument("--block_size", type=int, default=512, help="tokens per calibration block")
+    parser.add_argument("--num_blocks", type=int, default=16, help="calibration blocks")
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--output", default="layout.json", help="where to write the layout and the scores")
+    args = parser.parse_args(argv)
+    if args.local_window < 1 or args.block_size <= args.local_window + 1 or args.num_blocks < 1:
+        parser.error(f"need --local_window >= 1, --block_size > local_window + 1 and --num_blocks >= 1; got "
+                     f"{args.local_window}, {args.block_size}, {args.num_blocks}")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_arguments(argv)
+    attention = "eager" if args.score == "mass" else None  # the mass needs attention weights
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=attention).eval()
+    family_of(model.config)  # refuses what hybridize cannot take, before any scoring
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    token_ids = calibration_ids(tokenizer, args.data, args.block_size, args.num_blocks)
+    scores = SCORES[args.score](model, token_ids, args.local_window, args.batch_size, args.unit)
+    layout = choose_layout(scores, args.local_fraction, model.config.num_attention_heads)
+    record = {
+        "model": args.model, "head_layout": layout, "local_window": args.local_window,
+        "local_fraction": args.local_fraction, "unit": args.unit, "score": args.score,
+        "scores": [[round(value, 6) for value in layer] for layer in scores.tolist()],
+        "calibration": {"data": args.data or "wikitext-2-raw-v1 validation (Hub)", "blocks": len(token_ids),
+                        "block_size": args.block_size},
+    }  # fmt: skip
+    Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+    made_local = sum(layer.count("local") for layer in layout)
+    print(f"{made_local} of {sum(map(len, layout))} heads local (k = {args.local_window}, by {args.score}, "
+          f"unit {args.unit}); layout and scores: {args.output}")  # fmt: skip
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""`python -m hf_attn.select_heads`: scores on a model whose retrieval head is known, and the command end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from hf_attn import hybridize
+from hf_attn.select_heads import choose_layout, loss_scores, main, mass_beyond_window
+
+SHARED = Path(__file__).parents[2] / "shared" / "data"
+KEYS, FILLERS, LENGTH = 8, 8, 16  # tokens 0-7 are keys, 8-15 fillers, 16 the separator
+SEPARATOR = KEYS + FILLERS
+
+
+def retrieval_rows(num_rows: int, seed: int) -> torch.Tensor:
+    """A key, random fillers, the separator, the key again: predicting the last token needs the first, 14 back."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randint(KEYS, KEYS + FILLERS, (num_rows, LENGTH), generator=generator)
+    rows[:, 0] = torch.randint(0, KEYS, (num_rows,), generator=generator)
+    rows[:, -2], rows[:, -1] = SEPARATOR, rows[:, 0]
+    return rows
+
+
+def retrieval_accuracy(model, rows: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(rows).logits[:, -2].argmax(-1) == rows[:, -1]).float().mean().item()
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    """A 1-layer, 4-head GPT-2 trained on the retrieval rows with heads 1-3 2-local, so that only head 0 can learn to
+    retrieve; then made all global again: a "pretrained" model whose one retrieval head is known."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=4, n_embd=32, vocab_size=SEPARATOR + 1, n_positions=LENGTH,
+                                       bos_token_id=None, eos_token_id=None))  # fmt: skip
+    hybridize(model, head_layout=[["global", "local", "local", "local"]], local_window=2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(80):
+        rows = retrieval_rows(64, seed=step)
+        only_the_answer = torch.full_like(rows, -100)
+        only_the_answer[:, -1] = rows[:, -1]  # the fillers are noise: their loss would drown the answer's
+        loss = model(rows, labels=only_the_answer).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return hybridize(model.eval(), local_window=2)  # all global
+
+
+def test_the_loss_score_keeps_the_retrieval_head_global(retriever):
+    rows = retrieval_rows(256, seed=10_000)
+    assert retrieval_accuracy(retriever, rows) > 0.95
+    scores = loss_scores(retriever, retrieval_rows(64, seed=20_000), local_window=2, batch_size=32, unit="head")
+    # The loss is over every position, so losing the answer (1 of 15) raises it by about ln(8) / 15 = 0.14.
+    assert scores.shape == (1, 4) and scores[0].argmax() == 0 and scores[0, 0] > 0.05
+    layout = choose_layout(scores, local_fraction=0.75, heads=4)
+    assert layout == [["global", "local", "local", "local"]]
+    assert retrieval_accuracy(hybridize(retriever, head_layout=layout, local_window=2), rows) > 0.95
+    # The head it kept is the one the task needs: made local, retrieval falls to about chance (1 / 8).
+    assert retrieval_accuracy(hybridize(retriever, head_layout=[["local"] * 4], local_window=2), rows) < 0.4
+
+
+def test_mass_beyond_the_window_is_the_weight_on_keys_more_than_k_back():
+    torch.manual_seed(0)
+    weights = torch.rand(2, 3, 6, 6).tril().softmax(-1)  # any rows summing to 1
+    expected = torch.zeros(1, 3)
+    for h in range(3):
+        values = [weights[b, h, i, : i - 2].sum() for b in range(2) for i in range(3, 6)]  # queries 3-5 see beyond 2
+        expected[0, h] = torch.stack(values).mean()
+    torch.testing.assert_close(mass_beyond_window((weights,), local_window=2), expected)
+
+
+def test_choose_layout_makes_the_lowest_scoring_groups_local_whole():
+    scores = torch.tensor([[0.3, 0.1], [0.0, 0.2]])  # (layers, key/value groups)
+    layout = choose_layout(scores, local_fraction=0.5, heads=4)  # 2 heads per group
+    assert layout == [["global", "global", "local", "local"], ["local", "local", "global", "global"]]
+    with pytest.raises(ValueError, match=r"`local_fraction` must be in \[0, 1\], got 1.5"):
+        choose_layout(scores, 1.5, heads=4)
+
+
+@pytest.mark.parametrize("score", ["loss", "mass"])
+def test_the_command_writes_a_layout_hybridize_takes(tmp_path, score):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    output = tmp_path / "layout.json"
+    record = main([str(tmp_path / "model"), "--local_fraction", "0.5", "--local_window", "4", "--score", score,
+                   "--data", str(SHARED / "wikitext-2-raw" / "wiki.valid.raw"), "--tokenizer",
+                   str(SHARED / "gpt2-tokenizer"), "--block_size", "32", "--num_blocks", "3",
+                   "--output", str(output)])  # fmt: skip
+    assert json.loads(output.read_text()) == record
+    assert record["calibration"]["blocks"] == 3 and len(record["scores"]) == 2 and len(record["scores"][0]) == 2
+    layout = record["head_layout"]
+    assert sum(layer.count("local") for layer in layout) == 4  # half the heads, as two whole groups of two
+    for layer in layout:
+        assert layer[0] == layer[1] and layer[2] == layer[3]
+    model = hybridize(LlamaForCausalLM.from_pretrained(tmp_path / "model"), head_layout=layout, local_window=4)
+    assert sum(layer.count("local") for layer in model.config.kv_head_layout) == 2
+
+
+def test_the_command_refuses_a_window_as_long_as_the_blocks(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["model", "--local_fraction", "0.5", "--local_window", "32", "--block_size", "32"])
