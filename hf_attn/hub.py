@@ -113,8 +113,12 @@ class CardFacts:
 
 
 def auto_class_name(config) -> str:
-    """The Auto class that loads `config.architectures[0]`, e.g. `AutoModelForCausalLM` for `...LMHeadModel`."""
+    """The Auto class that loads `config.architectures[0]`, e.g. `AutoModelForCausalLM` for `...LMHeadModel`, or for
+    a hybridized model's `HfAttnLlamaForCausalLM`."""
     architecture = (config.architectures or ["Model"])[0]
+    if isinstance(config, HybridConfigMixin):
+        model_classes = HYBRID_TYPES[config.model_type.removeprefix("hf_attn_")][1]
+        return next(auto for auto, cls in model_classes.items() if cls.__name__ == architecture)
     by_longest_suffix = sorted(AUTO_CLASS_SUFFIXES.items(), key=lambda item: -len(item[1]))
     return next(auto for auto, suffix in by_longest_suffix if architecture.endswith(suffix))
 
@@ -162,6 +166,8 @@ def settings_note(kind: HeadKind, config: HfAttnConfig) -> str:
 
 def head_layout_section(config) -> str:
     """What each kind of head the model has sees, how many of each every layer holds, and the masks drawn."""
+    if isinstance(config, HybridConfigMixin):
+        return hybrid_layout_section(config)
     if not isinstance(config, HfAttnConfig):
         return f"GPT-2: {config.n_layer} layers of {config.n_head} global heads with causal, inclusive masks."
     kinds = kinds_in(*config.head_layout)
@@ -204,15 +210,11 @@ def hybrid_layout_section(config) -> str:
     ])  # fmt: skip
 
 
-def hybrid_auto_class(model) -> str:
-    """The Auto class that loads a hybridized model: `AutoModelForCausalLM` or `AutoModel`."""
-    family = model.config.model_type.removeprefix("hf_attn_")
-    return next(name for name, cls in HYBRID_TYPES[family][1].items() if isinstance(model, cls))
-
-
 def loading(config) -> str:
     """How the card says to load the model: `plain` (GPT-2), `remote_code` (the code is saved beside the weights) or
     `hf_attn` (hf_attn must be installed)."""
+    if isinstance(config, HybridConfigMixin):
+        return "hf_attn"
     if not isinstance(config, HfAttnConfig):
         return "plain"
     return "remote_code" if getattr(config, "auto_map", None) else "hf_attn"
@@ -301,7 +303,7 @@ def model_type_card(
     """
     config = model.config
     hybrid = isinstance(config, HybridConfigMixin)
-    auto_class = hybrid_auto_class(model) if hybrid else auto_class_name(config)
+    auto_class = auto_class_name(config)
     card_data = ModelCardData(
         model_name=repo_id or config.model_type, library_name="transformers", base_model=base_model,
         pipeline_tag=PIPELINE_TAGS.get(auto_class),
@@ -314,7 +316,7 @@ def model_type_card(
         config=config,
         parameters=model.num_parameters(),
         conversion=conversion,
-        head_layout=hybrid_layout_section(config) if hybrid else head_layout_section(config),
+        head_layout=head_layout_section(config),
         auto_class=auto_class,
         repo_id=repo_id or "path/to/this/folder",
         loading=loading(config),

@@ -66,6 +66,21 @@ def test_tiny_run_writes_results_table_bar_plot_and_loss_curves(tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_llama_architecture_run_trains_the_variants_heads_and_saves_a_hybridized_llama(tmp_path):
+    wikitext.FAMILY.main([str(ROOT / "configs/wikitext/cpu_llama.yaml"), "--output_dir", str(tmp_path), "--variants",
+                          "hybrid-1", "--seeds", "0", "--n_kv_head", "1", *TINY])  # fmt: skip
+    run = tmp_path / "rope" / "hybrid-1" / "seed-0"
+    results = json.loads((run / "results.json").read_text())
+    assert results["model_type"] == "hf_attn_llama" and results["by_scale"]["hybrid-1"]["perplexity"] > 1
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    assert type(model).__name__ == "HfAttnLlamaForCausalLM" and model.config.use_cache
+    assert model.config.head_layout == [["global", "local"]] and model.config.local_window == 1
+    assert not model.config.attend_to_self and model.config.num_key_value_heads == 1
+    assert model.config.kv_head_layout == [["global"]]  # the one key/value head is read by a global head too
+    card = check_hub_folder(run / "model", {"perplexity"}, tokenizer=True)
+    assert "| 0 | 1 | 1 | 1 | 0 |" in card.text and "import hf_attn" in card.text
+
+
 def test_variants_have_the_same_parameter_count(tmp_path):
     model_args = wikitext.ModelArguments(n_layer=2, n_embd=32, n_head=4)
     counts = {v: wikitext.build_model(v, "rope", model_args, 100, 64).num_parameters()
@@ -80,6 +95,8 @@ def test_variants_have_the_same_parameter_count(tmp_path):
         (["--data_dir", "/no/such/folder"], "/no/such/folder.*wikitext-2-raw"),
         (["--eval_stride", "32"], "eval_stride"),
         (["--vocab_size", "1000"], "does not match the model's vocabulary"),
+        (["--architecture", "llama", "--position_embeddings", "learned"], "position_embeddings must be \\[rope\\]"),
+        (["--architecture", "mamba"], "invalid choice"),
     ],
 )
 def test_bad_input_stops_before_training(tmp_path, args, message):

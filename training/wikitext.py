@@ -42,10 +42,12 @@ from hf_attn.experiments import (
     unigram_nll,
 )
 from hf_attn.hub import CardFacts
+from hf_attn.hybrid import HYBRID_TYPES, last_heads_local
 from training import CONFIGS
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
+ARCHITECTURES = ("gpt2", "llama")
 
 
 @dataclass
@@ -72,9 +74,24 @@ class ExperimentArguments(experiments.RunArguments):
 
 @dataclass
 class ModelArguments(PaperBModelArguments):
+    architecture: str = field(
+        default="gpt2",
+        metadata={"help": "`gpt2`: hf_attn's GPT-2-shaped variants (Paper B's). `llama`: a Llama decoder (RMSNorm, "
+                  "SwiGLU, Llama's own rotary positions, grouped-query attention, tied embeddings) with the variant's "
+                  "heads made local by hf_attn.hybridize; its global heads keep Llama's inclusive mask, "
+                  "`attend_to_self` applies to its local heads, and `block_style` is not used.",
+                  "choices": ARCHITECTURES},
+    )  # fmt: skip
     n_layer: int = field(default=12, metadata={"help": "Depth (GPT-2 small: 12)."})
     n_embd: int = field(default=768, metadata={"help": "Width (GPT-2 small: 768)."})
     n_head: int = field(default=12, metadata={"help": "Heads per layer (GPT-2 small: 12)."})
+    n_kv_head: int | None = field(
+        default=None, metadata={"help": "Llama only: key/value heads (grouped-query attention); default n_head."}
+    )
+    intermediate_size: int | None = field(
+        default=None,
+        metadata={"help": "Llama only: SwiGLU width; default 8/3 n_embd, the parameters of GPT-2's 4 n_embd MLP."},
+    )
     vocab_size: int | None = field(default=None, metadata={"help": "Embedding rows; default the tokenizer's size."})
 
 
@@ -103,6 +120,9 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
             f"data_dir {experiment.data_dir} is not a folder; offline use ../shared/data/wikitext-2-raw, "
             "online leave data_dir unset to download from the Hub"
         )
+    if model.architecture == "llama" and experiment.position_embeddings != ["rope"]:
+        problems.append(f"architecture llama has Llama's own rotary positions: position_embeddings must be [rope], got "
+                        f"{experiment.position_embeddings}")  # fmt: skip
     problems += experiments.pretrained_problems("tokenizer", experiment.tokenizer)
     vocab_size = 1 if model.vocab_size is None else model.vocab_size  # None: the tokenizer's size, once loaded
     return problems + experiments.config_problems({
@@ -113,12 +133,32 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
 
 
 def model_config(variant: str, positions: str, model: ModelArguments, vocab_size: int, block_size: int):
+    if model.architecture == "llama":
+        return llama_config(variant, model, vocab_size, block_size)
     return AutoConfig.for_model(
         **parse_variant(variant),
         n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head, n_positions=block_size,
         block_style=model.block_style, attend_to_self=model.attend_to_self, position_embedding_type=positions,
         scale_embedding=model.scale_embedding,
         vocab_size=vocab_size, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+
+
+def llama_config(variant: str, model: ModelArguments, vocab_size: int, block_size: int):
+    """A Llama decoder as wide and deep as the GPT-2 variants, its heads laid out as the variant says (`hybrid-K`:
+    the first half global, the rest K-local, as hf_attn's `hybrid_gpt2`)."""
+    fields = parse_variant(variant)
+    heads, layers = model.n_head, model.n_layer
+    local_heads = {"global": 0, "hybrid_gpt2": heads // 2, "local_gpt2": heads}[
+        "global" if variant == "global" else fields["model_type"]
+    ]
+    intermediate_size = model.intermediate_size or 8 * model.n_embd // 3
+    return HYBRID_TYPES["llama"][0](
+        vocab_size=vocab_size, hidden_size=model.n_embd, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=model.n_kv_head or heads, intermediate_size=intermediate_size,
+        max_position_embeddings=block_size, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+        head_layout=last_heads_local(local_heads, layers, heads), local_window=fields.get("local_window", 1),
+        attend_to_self=model.attend_to_self,
     )  # fmt: skip
 
 
