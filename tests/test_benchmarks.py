@@ -2,6 +2,7 @@
 baseline computes our attention, and the GPU runner keeps to its plan and budget."""
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -241,3 +242,54 @@ def test_gpu_runner_tiny_run_writes_every_step_and_a_zero_budget_skips_them(tmp_
     gpu.main(["--tiny", "--budget-seconds", "0", "--output", str(output)])
     rerun = output.read_text()[len(written) :]
     assert rerun.count("Skipped: needs") == len(gpu.STEP_NAMES)
+
+
+def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_path):
+    """Tiny random Llama and GPT-2: every fraction gets both selections' perplexity, the cache ratio the layout
+    implies, a decode ratio and (past 0%) a fine-tune; the table and plot are written."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from benchmarks import hybrid_tradeoff
+
+    torch.manual_seed(0)
+    llama = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
+    GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    shared = Path(__file__).parents[2] / "shared" / "data"
+    tiny = [
+        "--block_size",
+        "32",
+        "--eval_tokens",
+        "256",
+        "--calibration_blocks",
+        "2",
+        "--heal_steps",
+        "2",
+        "--new_tokens",
+        "3",
+        "--decode_context",
+        "96",
+        "--local_window",
+        "4",
+        "--fractions",
+        "0",
+        "0.5",
+        "1",
+    ]
+    data = ["--tokenizer", str(shared / "gpt2-tokenizer"), "--data_dir", str(shared / "wikitext-2-raw")]
+    hybrid_tradeoff.main([str(tmp_path / "llama"), str(tmp_path / "gpt2"), *data, *tiny, "--output_dir",
+                          str(tmp_path / "out")])  # fmt: skip
+    for name, units in (("llama", 2), ("gpt2", 4)):  # key/value groups per layer
+        result = json.loads((tmp_path / "out" / name / "results.json").read_text())
+        assert result["units_per_layer"] == units and len(result["scores"]) == 2
+        rows = {row["fraction"]: row for row in result["rows"]}
+        assert [rows[f]["cache_ratio"] for f in (0, 0.5, 1)] == [1.0, 0.5, 0.0]
+        assert rows[0]["perplexity_select_heads"] == pytest.approx(result["original_perplexity"], rel=1e-5)
+        assert rows[1]["perplexity_select_heads"] == rows[1]["perplexity_random"]  # all local: the same layout
+        assert "perplexity_healed" not in rows[0] and rows[0.5]["perplexity_healed"] > 1
+        assert all(row["decode_ratio"] > 0 for row in result["rows"])
+        assert "| 50% | 4 |" in (tmp_path / "out" / name / "results.md").read_text()
+        assert (tmp_path / "out" / name / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
