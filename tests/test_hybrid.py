@@ -7,6 +7,7 @@ written here from the papers' definitions (tests/naive.py), registered in transf
 import copy
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -303,3 +304,29 @@ def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_up
     loaded = AutoModelForCausalLM.from_pretrained(pushed)
     ids, mask = batch()
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
+def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding():
+    """Both crop the cache after rejected draft tokens, windows of local heads included."""
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    assistant = hybridize(tiny("llama", seed=1), num_local_heads=8, local_window=1)
+    ids = batch(length=10)[0][1:]
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    greedy = model.generate(ids, **options)
+    assert torch.equal(model.generate(ids, assistant_model=assistant, **options), greedy)
+    assert torch.equal(model.generate(ids, prompt_lookup_num_tokens=3, **options), greedy)
+
+
+def test_the_docs_cache_table_is_what_the_layouts_give():
+    """docs/hybrid.md's bytes per token of a Llama-3.2-1B-shaped config, per number of local heads per layer."""
+    config_class = hf_attn.hybrid.HYBRID_TYPES["llama"][0]
+    page = (Path(__file__).parents[1] / "docs" / "hybrid.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) \|$", page, flags=re.MULTILINE)
+    assert len(rows) == 7
+    for local, kept, per_token, ratio in rows:
+        layout = [["global"] * (32 - int(local)) + ["local"] * int(local)] * 16
+        config = config_class(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                              head_dim=64, head_layout=layout)  # fmt: skip
+        computed = hf_attn.hybrid.cache_bytes_per_token(config)
+        assert config.kv_head_layout[0].count("global") == int(kept) and computed == int(per_token.replace(",", ""))
+        assert f"{computed / hf_attn.hybrid.original_cache_bytes_per_token(config):.2f}" == ratio
