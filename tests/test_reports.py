@@ -28,13 +28,19 @@ def test_publish_copies_results_without_weights_or_checkpoints(tmp_path, monkeyp
     (run / "model" / "model.safetensors").write_bytes(b"weights")
     (run / "results.json").write_text(json.dumps({"model": "positional"}))
     (tmp_path / "out" / "min" / "results.md").write_text("# report")
+    other = tmp_path / "other" / "sum" / "standard" / "seed-0"  # the same experiment's second process
+    other.mkdir(parents=True)
+    (other / "results.json").write_text(json.dumps({"model": "standard"}))
     monkeypatch.setattr(reports, "DOCS", tmp_path / "docs")
-    reports.publish(tmp_path / "out", "demo")
+    (tmp_path / "docs" / "demo" / "stale").mkdir(parents=True)
+    reports.publish([tmp_path / "out", tmp_path / "other"], "demo")
     copied = tmp_path / "docs" / "demo" / "min"
     assert (copied / "results.md").read_text() == "# report"
     assert (copied / "positional" / "seed-0" / "results.json").exists()
     assert not (copied / "positional" / "seed-0" / "model").exists()
     assert not (copied / "positional" / "seed-0" / "checkpoint-4").exists()
+    assert (tmp_path / "docs" / "demo" / "sum" / "standard" / "seed-0" / "results.json").exists()
+    assert not (tmp_path / "docs" / "demo" / "stale").exists()  # what was published before is replaced
 
 
 def test_every_table_is_generated_once_across_the_pages():

@@ -7,7 +7,8 @@ command.
 `model/` folder under `outputs/`). For each folder this rewrites the family's reports (results.md and the plots),
 then every table of README.md and docs/*.md between `<!-- generated: NAME -->` and `<!-- /generated -->` from the
 same files. Nothing trains. To publish a new run: copy its OUTPUT_DIR without `model/` and `checkpoint-*` folders
-(`--publish`).
+(`--publish OUTPUT_DIR NAME`; the same NAME for several folders merges them, e.g. the two processes of one
+experiment).
 """
 
 import argparse
@@ -20,7 +21,15 @@ from pathlib import Path
 
 import yaml
 
-from hf_attn.experiments import aggregate, collapse_summary, family_named, format_value, is_collapsed
+from hf_attn.experiments import (
+    aggregate,
+    collapse_summary,
+    family_named,
+    format_value,
+    grid_table,
+    is_collapsed,
+    summarize_along_training,
+)
 from hf_attn.experiments.arguments import experiment_of
 from hf_attn.experiments.runs import load_results
 from training import (  # noqa: F401  (each script registers its family)
@@ -173,6 +182,20 @@ def induction_table() -> str:
         cells = [format_value(median(accuracy[s], m, depth)) for s in ("id", "ood") for m in ("positional", "standard")]
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + collapse_summary(results)
+
+
+def induction_by_step_table() -> str:
+    """Median in-distribution accuracy over seeds along training: a row per depth and model, a column per tracked
+    step (the runs' `by_step`)."""
+    results = load_results(DOCS / "induction_cpu")
+    rows = {}
+    for depth in sorted({r["depth"] for r in results}):
+        runs = [r for r in results if r["depth"] == depth]
+        summary = summarize_along_training(runs, "by_step", lambda measured: measured["accuracy_id"])
+        for model, by_step in summary.items():
+            rows[f"{depth}, {model}"] = {f"step {s}": format_value(v["median"]) for s, v in
+                                         sorted(by_step.items(), key=lambda item: int(item[0]))}  # fmt: skip
+    return grid_table(rows, "depth, model")
 
 
 def formal_languages_table() -> str:
@@ -432,22 +455,28 @@ def splice_tables(text: str) -> str:
     return "".join(out) + rest
 
 
-def publish(output_dir: Path, name: str) -> None:
-    """Copies an experiment's results into docs/results/NAME: no weights, checkpoints or locks, and no settings.json
-    (results.json holds the same as `config`)."""
+def publish(output_dirs: list[Path], name: str) -> None:
+    """Copies an experiment's results into docs/results/NAME, in place of what was there: no weights, checkpoints or
+    locks, and no settings.json (results.json holds the same as `config`). Several output folders (one experiment
+    run as several processes, each its own groups of runs) merge into one."""
     target = DOCS / name
     shutil.rmtree(target, ignore_errors=True)
     left_out = shutil.ignore_patterns("model", "checkpoint-*", "runs", "settings.json", "*.lock")
-    shutil.copytree(output_dir, target, ignore=left_out)
+    for output_dir in output_dirs:
+        shutil.copytree(output_dir, target, ignore=left_out, dirs_exist_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--publish", nargs=2, action="append", default=[], metavar=("OUTPUT_DIR", "NAME"),
-                        help="first copy OUTPUT_DIR's results into docs/results/NAME")  # fmt: skip
+                        help="first copy OUTPUT_DIR's results into docs/results/NAME (a NAME given for several "
+                        "folders gets them all)")  # fmt: skip
     args = parser.parse_args(argv)
+    by_name: dict[str, list[Path]] = {}
     for output_dir, name in args.publish:
-        publish(Path(output_dir), name)
+        by_name.setdefault(name, []).append(Path(output_dir))
+    for name, output_dirs in by_name.items():
+        publish(output_dirs, name)
     for name in PUBLISHED:
         write_family_reports(DOCS / name)
     for page in PAGES:
