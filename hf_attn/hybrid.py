@@ -97,6 +97,12 @@ class LayerHeads:
         return {kind: [position[h // self.group_size] for h in heads] for kind, heads in self.heads.items()}
 
     @cached_property
+    def pure_groups(self) -> bool:
+        """No key/value group is read by query heads of both kinds."""
+        return all(len(set(self.kinds[g * self.group_size : (g + 1) * self.group_size])) == 1
+                   for g in range(self.num_key_value_heads))  # fmt: skip
+
+    @cached_property
     def order(self) -> list[int]:
         """The permutation that puts outputs computed kind by kind back in head order."""
         computed = [h for heads in self.heads.values() for h in heads]
@@ -135,14 +141,33 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
         )
     outputs = []
     if "global" in heads.heads:
-        q, k, v = gathered(query, keys, values, heads, "global")
-        outputs.append(global_attention(q, k, v, Visibility(True, True), attention_mask, scaling, dropout))
-    q, k, v = gathered(query, keys, values, heads, "local")
-    outputs.append(
-        local_attention(q, k, v, heads.visibility, local_mask(attention_mask, heads, q, k), scaling, dropout)
-    )
+        outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
+    outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None
+
+
+def global_heads(module, query, keys: dict, values: dict, attention_mask, scaling: float, dropout: float):
+    """(B, H_global, T, D): the global heads over every key. Where no key/value group mixes kinds, the global heads
+    are whole groups of the cache's global key/value heads, and transformers' SDPA function runs them as the model
+    would (grouped-query attention without copying keys); otherwise each head gets a copy of its keys and values."""
+    heads: LayerHeads = module.hf_attn_heads
+    query = query[:, heads.heads["global"]]
+    if heads.pure_groups:
+        out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
+        )
+        return out.transpose(1, 2)
+    k, v = per_head(keys, heads.sources["global"]), per_head(values, heads.sources["global"])
+    return global_attention(query, k, v, Visibility(True, True), attention_mask, scaling, dropout)
+
+
+def local_heads(query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float):
+    """(B, H_local, T, D): the local heads over the newest T + `local_window` keys at most, all a query can see."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    length = min(query.shape[-2] + heads.local_window, *(keys[kind].shape[-2] for kind, _ in sources))
+    k, v = per_head(keys, sources, length), per_head(values, sources, length)
+    return local_attention(query, k, v, heads.visibility, local_mask(attention_mask, heads, query, k), scaling, dropout)
 
 
 def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
@@ -155,17 +180,11 @@ def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
     return {kind: states[:, indices] for kind, indices in heads.kv_heads.items()}
 
 
-def gathered(query, keys: dict, values: dict, heads: LayerHeads, kind: str) -> tuple[torch.Tensor, ...]:
-    """The queries of `kind`'s heads and, for each, the keys and values it reads, all ending at the newest token:
-    (B, H_kind, T, D), (B, H_kind, S_kind, D) twice. Local heads read as many tokens as the shortest source holds,
-    at least their window."""
-    sources = heads.sources[kind]
-    length = min(keys[source].shape[-2] for source, _ in sources)
-
-    def per_head(states: dict) -> torch.Tensor:
-        return torch.stack([states[source][:, index, -length:] for source, index in sources], dim=1)
-
-    return query[:, heads.heads[kind]], per_head(keys), per_head(values)
+def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = None) -> torch.Tensor:
+    """(B, len(sources), tokens, D): for each query head, the states of the key/value head it reads (`sources`:
+    kind and index among the kind's), the newest `length` tokens (all by default)."""
+    start = -length if length else 0
+    return torch.stack([states[kind][:, index, start:] for kind, index in sources], dim=1)
 
 
 def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
