@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 import transformers
@@ -59,65 +57,36 @@ FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
 # --- which head is which ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class LayerHeads:
     """One layer's query heads by kind (`kinds`, in head order) and the key/value heads they read: query head h reads
-    key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it."""
+    key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it. Everything is worked
+    out once, here, into plain attributes, which graph capture reads as constants."""
 
-    kinds: tuple[str, ...]
-    num_key_value_heads: int
-    local_window: int
-    attend_to_self: bool
-
-    @property
-    def group_size(self) -> int:
-        return len(self.kinds) // self.num_key_value_heads
-
-    @cached_property
-    def kv_kinds(self) -> tuple[str, ...]:
-        """Per key/value head: "global" (every token kept) when a global query head reads it, else "local"."""
-        groups = [self.kinds[g * self.group_size : (g + 1) * self.group_size] for g in range(self.num_key_value_heads)]
-        return tuple("global" if "global" in group else "local" for group in groups)
-
-    @cached_property
-    def heads(self) -> dict[str, list[int]]:
-        """Query heads per kind present, in head order."""
-        return {kind: [h for h, k in enumerate(self.kinds) if k == kind] for kind in KINDS if kind in self.kinds}
-
-    @cached_property
-    def kv_heads(self) -> dict[str, list[int]]:
-        """Key/value heads per kind present: the order in which `HfAttnCache` keeps them."""
-        return {kind: [g for g, k in enumerate(self.kv_kinds) if k == kind] for kind in KINDS if kind in self.kv_kinds}
-
-    @cached_property
-    def sources(self) -> dict[str, list[tuple[str, int]]]:
-        """Per query kind, for each of its heads: the kind of key/value head it reads and that head's index among
-        those the cache keeps of its kind."""
+    def __init__(self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool):
+        self.kinds, self.local_window = tuple(kinds), local_window
+        group_size = len(self.kinds) // num_key_value_heads
+        groups = [self.kinds[g * group_size : (g + 1) * group_size] for g in range(num_key_value_heads)]
+        # Per key/value head: "global" (every token kept) when a global query head reads it, else "local".
+        self.kv_kinds = tuple("global" if "global" in group else "local" for group in groups)
+        # Query heads, and key/value heads in the order `HfAttnCache` keeps them, per kind present.
+        self.heads = {kind: [h for h, k in enumerate(self.kinds) if k == kind] for kind in KINDS if kind in self.kinds}
+        self.kv_heads = {
+            kind: [g for g, k in enumerate(self.kv_kinds) if k == kind] for kind in KINDS if kind in self.kv_kinds
+        }
+        # Per query kind, for each of its heads: the kind of key/value head it reads and its index among the kind's.
         position = {g: (kind, i) for kind, heads in self.kv_heads.items() for i, g in enumerate(heads)}
-        return {kind: [position[h // self.group_size] for h in heads] for kind, heads in self.heads.items()}
-
-    @cached_property
-    def pure_groups(self) -> bool:
-        """No key/value group is read by query heads of both kinds."""
-        return all(len(set(self.kinds[g * self.group_size : (g + 1) * self.group_size])) == 1
-                   for g in range(self.num_key_value_heads))  # fmt: skip
-
-    @cached_property
-    def order(self) -> list[int]:
-        """The permutation that puts outputs computed kind by kind back in head order."""
+        self.sources = {kind: [position[h // group_size] for h in heads] for kind, heads in self.heads.items()}
+        self.pure_groups = all(len(set(group)) == 1 for group in groups)  # no group read by heads of both kinds
+        # The permutation that puts outputs computed kind by kind back in head order.
         computed = [h for heads in self.heads.values() for h in heads]
-        return sorted(range(len(computed)), key=computed.__getitem__)
-
-    @property
-    def visibility(self) -> Visibility:
-        """What a local head sees: the `local_window` previous tokens, and itself with `attend_to_self`."""
-        return Visibility(is_causal=True, attend_to_self=self.attend_to_self, local_window=self.local_window)
+        self.order = sorted(range(len(computed)), key=computed.__getitem__)
+        # What a local head sees: the `local_window` previous tokens, and itself with `attend_to_self`.
+        self.visibility = Visibility(is_causal=True, attend_to_self=attend_to_self, local_window=local_window)
 
 
 def layer_heads(config, layer_idx: int) -> LayerHeads:
-    return LayerHeads(
-        tuple(config.head_layout[layer_idx]), num_key_value_heads(config), config.local_window, config.attend_to_self
-    )
+    return LayerHeads(config.head_layout[layer_idx], num_key_value_heads(config), config.local_window,
+                      config.attend_to_self)  # fmt: skip
 
 
 def num_key_value_heads(config) -> int:

@@ -330,3 +330,35 @@ def test_the_docs_cache_table_is_what_the_layouts_give():
         computed = hf_attn.hybrid.cache_bytes_per_token(config)
         assert config.kv_head_layout[0].count("global") == int(kept) and computed == int(per_token.replace(",", ""))
         assert f"{computed / hf_attn.hybrid.original_cache_bytes_per_token(config):.2f}" == ratio
+
+
+def test_lora_fine_tunes_a_hybridized_model_and_merges_back():
+    from peft import LoraConfig, get_peft_model
+
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    ids, mask = batch()
+    loss = peft_model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    trained = [name for name, p in peft_model.named_parameters() if p.grad is not None]
+    assert trained and all("lora_" in name for name in trained)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()
+    expected = peft_model(input_ids=ids, attention_mask=mask).logits
+    merged = peft_model.merge_and_unload()
+    assert type(merged).__name__ == "HfAttnLlamaForCausalLM"
+    torch.testing.assert_close(merged(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_forward_compiles_as_one_graph(padded):
+    """No graph break in hybrid_attention or the layer bookkeeping (aot_eager: traced, not code-generated)."""
+    torch._dynamo.reset()
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    mask = mask if padded else torch.ones_like(mask)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    expected = model(ids, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask, use_cache=False).logits, expected)
