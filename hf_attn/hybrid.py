@@ -45,6 +45,9 @@ from .modeling_hf_attn import CardSharing
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
 KINDS = ("global", "local")
+# Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
+# mask rather than the banded kernel's pass per key offset.
+MAX_QUERIES_FOR_SDPA = 16
 # The families `hybridize` takes: their config type and the model classes it gives per-head kinds, by Auto class.
 FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
     "llama": (LlamaConfig, {"AutoModel": LlamaModel, "AutoModelForCausalLM": LlamaForCausalLM}),
@@ -139,6 +142,17 @@ def local_heads(query, keys: dict, values: dict, attention_mask, heads: LayerHea
     return local_attention(query, k, v, heads.visibility, local_mask(attention_mask, heads, query, k), scaling, dropout)
 
 
+def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """Local heads' mask over the keys they read (the newest ones): None for the banded kernel when causal order says
+    it all and the queries are many; else a whole mask with their window in it, the model's mask too if it has one.
+    A decoding step's few queries run faster as one small SDPA than as a pass per key offset."""
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    if attention_mask is None and num_queries > MAX_QUERIES_FOR_SDPA:
+        return None
+    window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
+    return window if attention_mask is None else attention_mask[..., -num_keys:].bool() & window
+
+
 def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
     """Key or value states by kind of key/value head: as the cache returned them, or split from one tensor (no
     cache, or another model's)."""
@@ -154,16 +168,6 @@ def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = 
     kind and index among the kind's), the newest `length` tokens (all by default)."""
     start = -length if length else 0
     return torch.stack([states[kind][:, index, start:] for kind, index in sources], dim=1)
-
-
-def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
-    """Local heads' mask: None when causal order says it all (the fast banded kernel), else the model's mask over
-    the keys they read (the newest ones) with their window in it."""
-    if attention_mask is None:
-        return None
-    num_queries, num_keys = q.shape[-2], k.shape[-2]
-    window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
-    return attention_mask[..., -num_keys:].bool() & window
 
 
 AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)
