@@ -35,6 +35,7 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
+from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
 
 VOCAB = 97
 NO_SPECIAL_TOKENS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -124,7 +125,8 @@ def test_local_heads_equal_a_naive_reference(family, attend_to_self, padded):
     model = tiny(family)
     twin = naive_twin(model, LAYOUT, local_window=2, attend_to_self=attend_to_self)
     hybrid = hybridize(model, head_layout=LAYOUT, local_window=2, attend_to_self=attend_to_self)
-    ids, mask = batch()
+    ids, mask = batch(length=24)
+    assert ids.shape[1] > MAX_QUERIES_FOR_SDPA  # unpadded, the local heads run the banded kernel
     mask = mask if padded else torch.ones_like(mask)
     expected = twin(ids, attention_mask=mask).logits
     torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
@@ -166,13 +168,15 @@ def test_the_cache_keeps_every_token_of_global_groups_and_the_window_of_local_on
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_decoding_with_the_cache_gives_the_logits_of_the_whole_sequence(family):
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoding_with_the_cache_gives_the_logits_of_the_whole_sequence(family, padded):
     model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
-    ids, mask = batch(length=14)
+    ids, mask = batch(length=26)
+    mask = mask if padded else torch.ones_like(mask)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     cache = HfAttnCache(model.config)
-    steps = [(0, 8), (8, 10), (10, 11), (11, 14)]  # a prefill, then chunks of 2, 1 and 3 tokens
+    steps = [(0, 20), (20, 22), (22, 23), (23, 26)]  # a prefill (banded kernel unpadded), then 2, 1 and 3 tokens
     for start, end in steps:
         logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
                        cache=cache).logits  # fmt: skip
