@@ -4,8 +4,8 @@ attention for other decoders (`hybridize`).
 Importing the package registers the model types `positional_gpt2`, `local_gpt2` and `hybrid_gpt2` with
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForSequenceClassification` and
 `AutoModelForTokenClassification`, and gives their `save_pretrained` and `push_to_hub` a model card; and the
-types `hybridize` makes (`hf_attn_llama`, `hf_attn_qwen2`, `hf_attn_mistral`, `hf_attn_gpt2`) with `AutoConfig`,
-`AutoModel` and `AutoModelForCausalLM`.
+types `hybridize` makes (`hf_attn_llama`, `hf_attn_qwen2`, `hf_attn_qwen3`, `hf_attn_mistral`, `hf_attn_gpt2`) with
+`AutoConfig`, `AutoModel` and `AutoModelForCausalLM`.
 """
 
 import transformers

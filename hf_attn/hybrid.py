@@ -1,4 +1,4 @@
-"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Mistral and GPT-2.
+"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Qwen3, Mistral and GPT-2.
 
 `hybridize(model, ...)` gives a loaded model per-head kinds with nothing else of its architecture changed: its
 config becomes a registered `hf_attn_<family>` type (the family's config plus `head_layout`, `local_window`,
@@ -35,6 +35,9 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2Model,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3Model,
 )
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -53,6 +56,7 @@ FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
     "llama": (LlamaConfig, {"AutoModel": LlamaModel, "AutoModelForCausalLM": LlamaForCausalLM}),
     "qwen2": (Qwen2Config, {"AutoModel": Qwen2Model, "AutoModelForCausalLM": Qwen2ForCausalLM}),
     "mistral": (MistralConfig, {"AutoModel": MistralModel, "AutoModelForCausalLM": MistralForCausalLM}),
+    "qwen3": (Qwen3Config, {"AutoModel": Qwen3Model, "AutoModelForCausalLM": Qwen3ForCausalLM}),
     "gpt2": (GPT2Config, {"AutoModel": GPT2Model, "AutoModelForCausalLM": GPT2LMHeadModel}),
 }
 
@@ -323,6 +327,7 @@ ATTENTION_MODULES = {
     "llama": transformers.models.llama.modeling_llama.LlamaAttention,
     "qwen2": transformers.models.qwen2.modeling_qwen2.Qwen2Attention,
     "mistral": transformers.models.mistral.modeling_mistral.MistralAttention,
+    "qwen3": transformers.models.qwen3.modeling_qwen3.Qwen3Attention,
     "gpt2": transformers.models.gpt2.modeling_gpt2.GPT2Attention,
 }
 HYBRID_TYPES = {family: hybrid_types(family, *classes) for family, classes in FAMILIES.items()}
@@ -338,8 +343,8 @@ def hybridize(
     local_window: int = 1,
     attend_to_self: bool = True,
 ) -> PreTrainedModel:
-    """Gives `model` (a loaded Llama, Qwen2, Mistral or GPT-2 model, or one hybridized before) a kind per query head,
-    in place, and returns it; weights, dtype and device are untouched.
+    """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral or GPT-2 model, or one hybridized before) a kind per query
+    head, in place, and returns it; weights, dtype and device are untouched.
 
     `head_layout` names every head's kind ("global" or "local"), one list per layer; or `num_local_heads` makes the
     last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole

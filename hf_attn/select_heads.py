@@ -131,7 +131,7 @@ def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: in
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hub id or local folder of a Llama, Qwen2, Mistral or GPT-2 model")
+    parser.add_argument("model", help="Hub id or local folder of a Llama, Qwen2, Qwen3, Mistral or GPT-2 model")
     parser.add_argument("--local_fraction", type=float, required=True, help="share of heads (or groups) made local")
     parser.add_argument("--local_window", type=int, required=True, help="k: previous tokens a local head sees")
     parser.add_argument("--data", help="calibration text file (default: WikiText-2 validation from the Hub)")

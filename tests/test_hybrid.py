@@ -27,6 +27,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Trainer,
     TrainingArguments,
 )
@@ -52,11 +54,13 @@ def tiny(family: str, seed: int = 0):
         return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=4, **decoder)).eval()
     if family == "mistral":
         return MistralForCausalLM(MistralConfig(num_key_value_heads=2, sliding_window=None, **decoder)).eval()
+    if family == "qwen3":  # RMS norms on queries and keys, before the cache
+        return Qwen3ForCausalLM(Qwen3Config(num_key_value_heads=2, head_dim=8, **decoder)).eval()
     return GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=8, n_layer=2, n_positions=64, vocab_size=VOCAB,
                                       **NO_SPECIAL_TOKENS)).eval()  # fmt: skip
 
 
-FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 # Mixed per layer, whole key/value groups local (8 query heads over 2: heads 4-7 share the second) and split ones.
 LAYOUT = [["global"] * 4 + ["local"] * 4, ["local", "global", "local", "local", "local", "local", "global", "local"]]
 
