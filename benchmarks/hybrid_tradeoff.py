@@ -13,7 +13,7 @@ made local, or as many drawn at random. Perplexity is on the test split (sliding
 fraction (the select_heads layout): a random prompt of `--decode_context` tokens prefilled, then `--new_tokens`
 greedy steps, median ms per step, in a model of the same shape with random weights and position tables long enough
 (speed does not depend on the weights), the unmodified model timed again beside each (the machine's speed drifts).
-Writes OUTPUT_DIR/MODEL_NAME/{results.json, results.md, tradeoff.png}.
+Writes OUTPUT_DIR/NAME/{results.json, results.md, tradeoff.png}.
 """
 
 import argparse
@@ -119,6 +119,12 @@ def timing_model(model):
     return type(model)(config).eval()
 
 
+def run_name(model: str) -> str:
+    """A model's results folder: a Hub id's name, or a checkpoint's (`checkpoints/NAME/model` gives NAME)."""
+    path = Path(model.rstrip("/"))
+    return path.parent.name if path.name == "model" and path.parent.name else path.name
+
+
 def run_model(name: str, args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or name)
     model = AutoModelForCausalLM.from_pretrained(name).eval()
@@ -133,7 +139,7 @@ def run_model(name: str, args) -> dict:
     timing = copy.deepcopy(baseline)
     scores = loss_scores(model, calibration, args.local_window, args.batch_size, args.unit)
     heads = model.config.num_attention_heads
-    rows, folder = [], Path(args.output_dir) / Path(name).name
+    rows, folder = [], Path(args.output_dir) / run_name(name)
     for fraction in args.fractions:
         layouts = {"select_heads": choose_layout(scores, fraction, heads),
                    "random": random_layout(scores, fraction, heads, args.seed)}  # fmt: skip
@@ -200,7 +206,7 @@ def plot(result: dict, path: Path) -> None:
     cache.plot(x, [row["cache_ratio"] for row in rows], color="black", alpha=0.4, label="KV bytes/token (ratio)")
     cache.set_ylim(0, 1.05)
     cache.set_ylabel("KV-cache bytes per token, ratio")
-    axes.set_title(f"{Path(result['model']).name}: k = {result['local_window']}")
+    axes.set_title(f"{run_name(result['model'])}: k = {result['local_window']}")
     axes.legend(fontsize=8, loc="upper left")
     save(figure, path)
 
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average at start: {os.getloadavg()}")
     for name in args.models:
         result = run_model(name, args)
-        folder = Path(args.output_dir) / Path(name).name
+        folder = Path(args.output_dir) / run_name(name)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
         text = report(result)

@@ -254,7 +254,7 @@ def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_p
     torch.manual_seed(0)
     llama = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
+    LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama" / "model")  # as training.pretrain_gpt2 saves
     GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
         tmp_path / "gpt2"
     )
@@ -280,7 +280,7 @@ def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_p
         "1",
     ]
     data = ["--tokenizer", str(shared / "gpt2-tokenizer"), "--data_dir", str(shared / "wikitext-2-raw")]
-    hybrid_tradeoff.main([str(tmp_path / "llama"), str(tmp_path / "gpt2"), *data, *tiny, "--output_dir",
+    hybrid_tradeoff.main([str(tmp_path / "llama" / "model"), str(tmp_path / "gpt2"), *data, *tiny, "--output_dir",
                           str(tmp_path / "out")])  # fmt: skip
     for name, units in (("llama", 2), ("gpt2", 4)):  # key/value groups per layer
         result = json.loads((tmp_path / "out" / name / "results.json").read_text())
