@@ -45,7 +45,7 @@ from training import (  # noqa: F401  (each script registers its family)
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
-PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu")
+PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu", "induction_cpu_layernorm")
 FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
                  "4x longer: 2,000 steps": "formal_languages_check_longer",
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
@@ -173,8 +173,9 @@ def baseline_label(results: list[dict], parameters: int) -> str:
     return f"GPT-2 ({parameters / 1e6:.1f}M, {'pretrained offline' if local else name})"
 
 
-def induction_table() -> str:
-    results = load_results(DOCS / "induction_cpu")
+def induction_table(name: str = "induction_cpu") -> str:
+    """Median token accuracy over seeds at the end of training, per depth, on seen and unseen characters."""
+    results = load_results(DOCS / name)
     accuracy = {split: aggregate(results, f"accuracy_{split}") for split in ("id", "ood")}
     columns = ["positional, seen characters", "standard, seen characters", "positional, unseen", "standard, unseen"]
     lines = ["| depth | " + " | ".join(columns) + " |", "|---|---|---|---|---|"]
@@ -370,6 +371,9 @@ EXPERIMENTS = (
                    ("mixed/cpu.yaml",), "mixed_cpu"),
     PublishedTable("[k-hop induction](results_paper_a.md#k-hop-induction-heads)", "induction",
                    ("induction/cpu.yaml",), "induction_cpu"),
+    PublishedTable("[k-hop induction, GPT-2's block](results_paper_a.md#k-hop-induction-heads)", "induction",
+                   ("induction/cpu.yaml --block_style gpt2 --max_steps 2000 --tracked_steps 2000 "
+                    "--output_dir outputs/induction_cpu_layernorm",), "induction_cpu_layernorm"),
     PublishedTable("[formal languages, main table](results_paper_b.md#formal-languages-the-main-table)",
                    "formal_languages", ("formal_languages/cpu_table.yaml",), "formal_languages_table_cpu"),
     PublishedTable("[formal languages, 4x longer](results_paper_b.md#formal-languages-training-or-model-size)",
@@ -427,7 +431,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "algorithmic": algorithmic_table,
     "mixed-min": lambda: mixed_table("min"),
     "mixed-sum": lambda: mixed_table("sum"),
+    "mixed-multitask": lambda: mixed_table("multitask"),
     "induction": induction_table,
+    "induction-by-step": induction_by_step_table,
+    "induction-layernorm": lambda: induction_table("induction_cpu_layernorm"),
     "paper-a-run-times": lambda: run_times_table(PAPER_A),
     "paper-b-run-times": lambda: run_times_table(PAPER_B),
     "paper-b-idle-run-times": lambda: idle_run_times_table(IDLE_TIMED),
