@@ -9,10 +9,12 @@ each converted model ("healing") and the perplexity after it.
 Per model: the heads (key/value groups with grouped-query attention) are scored once by `select_heads`' loss score
 on the training text (WikiText-2 validation offline, train online); for each fraction the lowest-scoring ones are
 made local, or as many drawn at random. Perplexity is on the test split (sliding windows,
-`hf_attn.experiments.perplexity`), which neither the scores nor the fine-tunes read. Decode speed is one run per
+`hf_attn.experiments.perplexity`), which neither the scores nor the fine-tunes read. The fine-tune also runs on the
+unmodified model (the 0% row): what it gains there is the extra training, not healing. Decode speed is one run per
 fraction (the select_heads layout): a random prompt of `--decode_context` tokens prefilled, then `--new_tokens`
 greedy steps, median ms per step, in a model of the same shape with random weights and position tables long enough
-(speed does not depend on the weights), the unmodified model timed again beside each (the machine's speed drifts).
+(speed does not depend on the weights), its steps interleaved with the unmodified model's (the machine's speed
+drifts).
 Writes OUTPUT_DIR/NAME/{results.json, results.md, tradeoff.png}.
 """
 
@@ -21,6 +23,7 @@ import copy
 import json
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,13 +56,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heal_steps", type=int, default=100, help="fine-tuning steps after converting (0: none)")
     parser.add_argument("--heal_learning_rate", type=float, default=3e-4)
     parser.add_argument("--decode_context", type=int, default=8192)
-    parser.add_argument("--new_tokens", type=int, default=16)
+    parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="the random layouts' and the fine-tunes' seed")
     parser.add_argument("--output_dir", default="outputs/hybrid_tradeoff")
     args = parser.parse_args(argv)
     if any(not 0 <= f <= 1 for f in args.fractions) or args.local_window < 1 or args.block_size <= args.local_window:
         parser.error("need fractions in [0, 1], --local_window >= 1 and --block_size > --local_window")
+    if args.new_tokens < 3:
+        parser.error(f"--new_tokens must be >= 3 (the first two steps are warm-up), got {args.new_tokens}")
     return args
 
 
@@ -78,36 +83,41 @@ def random_layout(scores: torch.Tensor, fraction: float, heads: int, seed: int) 
                          fraction, heads)  # fmt: skip
 
 
-def heal(model, validation: torch.Tensor, args, folder: Path) -> float:
-    """A short fine-tune on validation blocks; returns the training seconds."""
+def heal(model, validation: torch.Tensor, args) -> float:
+    """A short fine-tune on validation blocks, nothing saved; returns the training seconds."""
     blocks = InMemoryDataset(language_modelling_blocks(validation.numpy(), args.block_size))
-    training = TrainingArguments(
-        folder / "heal", max_steps=args.heal_steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.heal_learning_rate, lr_scheduler_type="constant", seed=args.seed, save_strategy="no",
-        report_to="none", disable_tqdm=True, logging_steps=max(1, args.heal_steps),
-        use_cpu=not torch.cuda.is_available(),
-    )  # fmt: skip
-    start = time.perf_counter()
-    Trainer(model=model, args=training, train_dataset=blocks).train()
+    with tempfile.TemporaryDirectory() as scratch:
+        training = TrainingArguments(
+            scratch, max_steps=args.heal_steps, per_device_train_batch_size=args.batch_size,
+            learning_rate=args.heal_learning_rate, lr_scheduler_type="constant", seed=args.seed, save_strategy="no",
+            report_to="none", disable_tqdm=True, logging_steps=max(1, args.heal_steps),
+            use_cpu=not torch.cuda.is_available(),
+        )  # fmt: skip
+        start = time.perf_counter()
+        Trainer(model=model, args=training, train_dataset=blocks).train()
     model.eval()
     return time.perf_counter() - start
 
 
-def decode_ms(model, args) -> float:
-    """Median ms per greedy step after a prefill of `decode_context` random tokens, batch 1."""
+def decode_ms(models: dict, args) -> dict[str, float]:
+    """Median ms per greedy step of each model after a prefill of the same `decode_context` random tokens, batch 1.
+    The models' steps are interleaved, in turn first, so that the machine's drift and the order fall on all alike."""
     torch.manual_seed(args.seed)
-    prompt = torch.randint(0, model.config.vocab_size, (1, args.decode_context), device=model.device)
+    some_model = next(iter(models.values()))
+    prompt = torch.randint(0, some_model.config.vocab_size, (1, args.decode_context), device=some_model.device)
+    steps = {name: [] for name in models}
     with torch.no_grad():
-        outputs = model(prompt, use_cache=True)
-        steps = []
-        for _ in range(args.new_tokens):
-            token, cache = outputs.logits[:, -1:].argmax(-1), outputs.past_key_values
-            start = time.perf_counter()
-            outputs = model(token, cache=cache, use_cache=True)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            steps.append(time.perf_counter() - start)
-    return 1000 * median(steps[1:])
+        outputs = {name: model(prompt, use_cache=True) for name, model in models.items()}
+        for step in range(args.new_tokens):
+            order = list(models) if step % 2 else list(reversed(models))
+            for name in order:
+                token, cache = outputs[name].logits[:, -1:].argmax(-1), outputs[name].past_key_values
+                start = time.perf_counter()
+                outputs[name] = models[name](token, cache=cache, use_cache=True)
+                if some_model.device.type == "cuda":
+                    torch.cuda.synchronize(some_model.device)
+                steps[name].append(time.perf_counter() - start)
+    return {name: 1000 * median(times[2:]) for name, times in steps.items()}  # the first steps warm up
 
 
 def timing_model(model):
@@ -139,7 +149,7 @@ def run_model(name: str, args) -> dict:
     timing = copy.deepcopy(baseline)
     scores = loss_scores(model, calibration, args.local_window, args.batch_size, args.unit)
     heads = model.config.num_attention_heads
-    rows, folder = [], Path(args.output_dir) / run_name(name)
+    rows = []
     for fraction in args.fractions:
         layouts = {"select_heads": choose_layout(scores, fraction, heads),
                    "random": random_layout(scores, fraction, heads, args.seed)}  # fmt: skip
@@ -150,12 +160,12 @@ def run_model(name: str, args) -> dict:
         hybridize(model, head_layout=layouts["select_heads"], local_window=args.local_window)
         row["cache_ratio"] = cache_bytes_per_token(model.config) / original_cache_bytes_per_token(model.config)
         hybridize(timing, head_layout=layouts["select_heads"], local_window=args.local_window)
-        row["decode_ms"] = {"unmodified": decode_ms(baseline, args), "converted": decode_ms(timing, args)}
+        row["decode_ms"] = decode_ms({"unmodified": baseline, "converted": timing}, args)
         row["decode_ratio"] = row["decode_ms"]["unmodified"] / row["decode_ms"]["converted"]  # > 1: faster
-        if args.heal_steps and fraction > 0:
+        if args.heal_steps:  # at 0%: the unmodified model fine-tuned alike, the control
             healed = copy.deepcopy(model)
             torch.manual_seed(args.seed)
-            row["heal_seconds"] = heal(healed, validation, args, folder)
+            row["heal_seconds"] = heal(healed, validation, args)
             row["perplexity_healed"] = test_perplexity(healed)
         rows.append(row)
     return {
@@ -169,9 +179,16 @@ def run_model(name: str, args) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = [
+    """results.md: what was measured, then `table`."""
+    return (
         f"# {result['model']} ({result['family']}, {result['parameters']:,} parameters): heads made "
-        f"{result['local_window']}-local", "",
+        f"{result['local_window']}-local\n\n{table(result)}"
+    )
+
+
+def table(result: dict) -> str:
+    """A row per share of local heads: perplexity by selection and after healing, cache and decode-speed ratios."""
+    lines = [
         f"Unmodified: test perplexity {result['original_perplexity']:.2f} on {result['test_tokens']:,} tokens. "
         f"Units made local: {result['unit']}s, by select_heads' loss score or at random. Decode speed at "
         f"{result['settings']['decode_context']} tokens of context, the unmodified model timed beside each.", "",
@@ -183,7 +200,11 @@ def report(result: dict) -> str:
         lines.append(f"| {row['fraction']:.0%} | {row['local_heads']} | {row['perplexity_select_heads']:.2f} | "
                      f"{row['perplexity_random']:.2f} | {healed} | {row['cache_ratio']:.2f}x | "
                      f"{row['decode_ratio']:.2f}x |")  # fmt: skip
-    lines += ["", "KV bytes per token and decode speed are ratios to the unmodified model (speed > 1: faster)."]
+    lines += [
+        "",
+        "KV bytes per token and decode speed are ratios to the unmodified model (speed > 1: faster). At 0% "
+        "the fine-tune column is the unmodified model fine-tuned alike: the gain of the extra training alone.",
+    ]
     return "\n".join(lines) + "\n"
 
 
