@@ -56,7 +56,9 @@ SINUSOIDAL_UNSCALED = {
     "wikitext": "wikitext_check_sinusoidal_unscaled",
 }  # before Vaswani et al.'s scale was default
 PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
-PUBLISHED = PAPER_A + PAPER_B  # the folders of docs/results whose reports this rewrites
+HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
+HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results, a folder per model
+PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
@@ -282,6 +284,23 @@ def wikitext_beside_paper(results: list[dict]) -> str:
     )
 
 
+def hybrid_pretraining_text() -> str:
+    """What the offline models the trade-off converts are, from their pretraining records."""
+    lines = ["| model | parameters | pretrained on | tokens | training time (load as it ended) | held-out perplexity |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for path in sorted((DOCS / HYBRID_TRADEOFF / "pretraining").glob("*.json")):
+        run = json.loads(path.read_text())
+        config = run["config"]["pretrain"]
+        shape = f"{config['n_layer']} layers x {config['n_embd']}, {config['n_head']} heads"
+        if config.get("n_kv_head"):
+            shape += f" over {config['n_kv_head']} key/value heads"
+        lines.append(f"| {path.stem} ({run['model']}, {shape}) | {run['parameters']:,} | "
+                     f"{' and '.join(run['files'])} | {run['train_tokens']:,} | {run['train_seconds'] / 60:.0f} min "
+                     f"({run['machine']['load_average'][0]:.1f}) | {run['held_out_perplexity']:.0f} on "
+                     f"{run['held_out_tokens']:,} tokens |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def gpt2_pretraining_text() -> str:
     """What the offline GPT-2 baseline is, from its pretraining record."""
     run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
@@ -388,6 +407,8 @@ EXPERIMENTS = (
                    SINUSOIDAL_UNSCALED["formal"]),
     PublishedTable("[WikiText-2](results_paper_b.md#wikitext-2-reduced-protocol)", "wikitext",
                    ("wikitext/cpu.yaml", "wikitext/cpu_positions.yaml"), "wikitext_cpu"),
+    PublishedTable("[WikiText-2 on a Llama](hybrid.md#from-scratch-paper-bs-wikitext-comparison-on-a-llama)",
+                   "wikitext", ("wikitext/cpu_llama.yaml",), "wikitext_llama_cpu"),
     PublishedTable("[WikiText-2, unscaled sinusoids](results_paper_b.md#wikitext-2-the-embedding-scale)",
                    "wikitext", ("wikitext/cpu_check_sinusoidal_unscaled.yaml",), SINUSOIDAL_UNSCALED["wikitext"]),
 )  # fmt: skip
@@ -440,6 +461,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "paper-b-idle-run-times": lambda: idle_run_times_table(IDLE_TIMED),
     "wikitext": lambda: wikitext_table("wikitext_cpu"),
     "wikitext-sinusoidal-check": lambda: wikitext_table(SINUSOIDAL_UNSCALED["wikitext"]),
+    "wikitext-llama": lambda: wikitext_table("wikitext_llama_cpu"),
+    "hybrid-pretraining": hybrid_pretraining_text,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
