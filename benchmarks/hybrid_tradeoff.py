@@ -31,6 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from benchmarks.common import describe_machine, median
+from benchmarks.generation import cache_of
 from hf_attn import hybridize
 from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
 from hf_attn.experiments import InMemoryDataset, perplexity
@@ -111,7 +112,7 @@ def decode_ms(models: dict, args) -> dict[str, float]:
         for step in range(args.new_tokens):
             order = list(models) if step % 2 else list(reversed(models))
             for name in order:
-                token, cache = outputs[name].logits[:, -1:].argmax(-1), outputs[name].past_key_values
+                token, cache = outputs[name].logits[:, -1:].argmax(-1), cache_of(outputs[name])
                 start = time.perf_counter()
                 outputs[name] = models[name](token, cache=cache, use_cache=True)
                 if some_model.device.type == "cuda":
