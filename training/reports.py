@@ -57,7 +57,7 @@ SINUSOIDAL_UNSCALED = {
 }  # before Vaswani et al.'s scale was default
 PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
 HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
-HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results, a folder per model
+HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's published results and its models' pretraining
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")
