@@ -182,7 +182,7 @@ def run_model(name: str, args) -> dict:
 def report(result: dict) -> str:
     """results.md: what was measured, then `table`."""
     return (
-        f"# {result['model']} ({result['family']}, {result['parameters']:,} parameters): heads made "
+        f"# {run_name(result['model'])} ({result['family']}, {result['parameters']:,} parameters): heads made "
         f"{result['local_window']}-local\n\n{table(result)}"
     )
 
@@ -223,13 +223,17 @@ def plot(result: dict, path: Path) -> None:
     axes.axhline(result["original_perplexity"], color="grey", linewidth=0.8, label="unmodified")
     axes.set_xlabel("share of heads made local")
     axes.set_ylabel("WikiText-2 test perplexity")
-    axes.set_yscale("log")
+    perplexities = [value for line in axes.get_lines() for value in line.get_ydata()]
+    if max(perplexities) > 3 * min(perplexities):  # a wide range reads better on a log scale
+        axes.set_yscale("log")
     cache = axes.twinx()
-    cache.plot(x, [row["cache_ratio"] for row in rows], color="black", alpha=0.4, label="KV bytes/token (ratio)")
+    cache.plot(x, [row["cache_ratio"] for row in rows], color="black", alpha=0.4, linestyle="-.",
+               label="KV bytes per token (right axis)")  # fmt: skip
     cache.set_ylim(0, 1.05)
-    cache.set_ylabel("KV-cache bytes per token, ratio")
+    cache.set_ylabel("KV-cache bytes per token, ratio to unmodified")
     axes.set_title(f"{run_name(result['model'])}: k = {result['local_window']}")
-    axes.legend(fontsize=8, loc="upper left")
+    handles = axes.get_legend_handles_labels()[0] + cache.get_legend_handles_labels()[0]
+    axes.legend(handles=handles, fontsize=8, loc="center left")
     save(figure, path)
 
 

@@ -87,3 +87,11 @@ def test_runs_of_several_commands_report_as_one_experiment():
     experiment = reports.experiment_of(reports.formal_languages.ExperimentArguments, results)
     assert experiment.languages == ["ends_with_a", "ab_star", "dyck2_bounded"]
     assert experiment.variants == ["global", "hybrid-1"] and experiment.test_max_length == 500
+
+
+def test_committed_tradeoff_reports_are_their_results():
+    folders = reports.hybrid_tradeoff_folders()
+    assert folders, "no published trade-off run"
+    for folder in folders:
+        result = json.loads((folder / "results.json").read_text())
+        assert (folder / "results.md").read_text() == reports.hybrid_tradeoff.report(result), f"{folder} is stale"

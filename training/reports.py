@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks import hybrid_tradeoff
 from hf_attn.experiments import (
     aggregate,
     collapse_summary,
@@ -57,7 +58,8 @@ SINUSOIDAL_UNSCALED = {
 }  # before Vaswani et al.'s scale was default
 PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
 HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
-HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's published results and its models' pretraining
+HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (a folder per window, `k16`, ...,
+# a folder per model in each) and its models' pretraining
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")
@@ -301,6 +303,35 @@ def hybrid_pretraining_text() -> str:
     return "\n".join(lines)
 
 
+def hybrid_tradeoff_folders() -> list[Path]:
+    """The published trade-off runs, one folder per window and model, widest window first."""
+    windows = sorted((DOCS / HYBRID_TRADEOFF).glob("k[0-9]*"), key=lambda path: -int(path.name[1:]))
+    return [model for window in windows for model in sorted(path for path in window.iterdir() if path.is_dir())]
+
+
+def write_hybrid_tradeoff_reports() -> None:
+    """Rewrites each published trade-off run's results.md and plot from its results.json, as the benchmark does."""
+    for folder in hybrid_tradeoff_folders():
+        result = json.loads((folder / "results.json").read_text())
+        (folder / "results.md").write_text(hybrid_tradeoff.report(result))
+        hybrid_tradeoff.plot(result, folder / "tradeoff.png")
+
+
+def hybrid_tradeoff_tables() -> str:
+    """The trade-off's table and plot per converted model and window (benchmarks/hybrid_tradeoff.py)."""
+    parts = []
+    for folder in hybrid_tradeoff_folders():
+        result = json.loads((folder / "results.json").read_text())
+        plot = (folder / "tradeoff.png").relative_to(ROOT / "docs")
+        parts.append(
+            f"**{folder.name}, k = {result['local_window']}** ({result['family']}, {result['layers']} layers of "
+            f"{result['heads']} heads; load {result['machine']['load_average'][0]:.1f} on 2 cores as it ended, "
+            f"[results.json]({plot.parent}/results.json))\n\n{hybrid_tradeoff.table(result)}\n"
+            f"![{folder.name}, k = {result['local_window']}]({plot})\n"
+        )
+    return "\n".join(parts)
+
+
 def gpt2_pretraining_text() -> str:
     """What the offline GPT-2 baseline is, from its pretraining record."""
     run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
@@ -463,6 +494,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "wikitext-sinusoidal-check": lambda: wikitext_table(SINUSOIDAL_UNSCALED["wikitext"]),
     "wikitext-llama": lambda: wikitext_table("wikitext_llama_cpu"),
     "hybrid-pretraining": hybrid_pretraining_text,
+    "hybrid-tradeoff": hybrid_tradeoff_tables,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
@@ -509,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         publish(output_dirs, name)
     for name in PUBLISHED:
         write_family_reports(DOCS / name)
+    write_hybrid_tradeoff_reports()
     for page in PAGES:
         page.write_text(splice_tables(page.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")
