@@ -237,6 +237,14 @@ def plot(result: dict, path: Path) -> None:
     save(figure, path)
 
 
+def write_reports(result: dict, folder: Path) -> str:
+    """FOLDER/results.md and FOLDER/tradeoff.png from `result`; returns the report's text."""
+    text = report(result)
+    (folder / "results.md").write_text(text)
+    plot(result, folder / "tradeoff.png")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"load average at start: {os.getloadavg()}")
@@ -245,10 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = Path(args.output_dir) / run_name(name)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        text = report(result)
-        (folder / "results.md").write_text(text)
-        plot(result, folder / "tradeoff.png")
-        print(text)
+        print(write_reports(result, folder))
 
 
 if __name__ == "__main__":

@@ -90,8 +90,7 @@ def test_runs_of_several_commands_report_as_one_experiment():
 
 
 def test_committed_tradeoff_reports_are_their_results():
-    folders = reports.hybrid_tradeoff_folders()
-    assert folders, "no published trade-off run"
-    for folder in folders:
-        result = json.loads((folder / "results.json").read_text())
+    runs = reports.hybrid_tradeoff_runs()
+    assert runs, "no published trade-off run"
+    for folder, result in runs:
         assert (folder / "results.md").read_text() == reports.hybrid_tradeoff.report(result), f"{folder} is stale"

@@ -307,25 +307,17 @@ def hybrid_pretraining_text() -> str:
     return "\n".join(lines)
 
 
-def hybrid_tradeoff_folders() -> list[Path]:
-    """The published trade-off runs, one folder per window and model, widest window first."""
+def hybrid_tradeoff_runs() -> list[tuple[Path, dict]]:
+    """The published trade-off runs, one folder per window and model, widest window first, each with its results."""
     windows = sorted((DOCS / HYBRID_TRADEOFF).glob("k[0-9]*"), key=lambda path: -int(path.name[1:]))
-    return [model for window in windows for model in sorted(path for path in window.iterdir() if path.is_dir())]
-
-
-def write_hybrid_tradeoff_reports() -> None:
-    """Rewrites each published trade-off run's results.md and plot from its results.json, as the benchmark does."""
-    for folder in hybrid_tradeoff_folders():
-        result = json.loads((folder / "results.json").read_text())
-        (folder / "results.md").write_text(hybrid_tradeoff.report(result))
-        hybrid_tradeoff.plot(result, folder / "tradeoff.png")
+    folders = [model for window in windows for model in sorted(path for path in window.iterdir() if path.is_dir())]
+    return [(folder, json.loads((folder / "results.json").read_text())) for folder in folders]
 
 
 def hybrid_tradeoff_tables() -> str:
     """The trade-off's table and plot per converted model and window (benchmarks/hybrid_tradeoff.py)."""
     parts = []
-    for folder in hybrid_tradeoff_folders():
-        result = json.loads((folder / "results.json").read_text())
+    for folder, result in hybrid_tradeoff_runs():
         plot = (folder / "tradeoff.png").relative_to(ROOT / "docs")
         parts.append(
             f"**{folder.name}, k = {result['local_window']}** ({result['family']}, {result['layers']} layers of "
@@ -545,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
         publish(output_dirs, name)
     for name in PUBLISHED:
         write_family_reports(DOCS / name)
-    write_hybrid_tradeoff_reports()
+    for folder, result in hybrid_tradeoff_runs():
+        hybrid_tradeoff.write_reports(result, folder)
     for page in PAGES:
         page.write_text(splice_tables(page.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")
