@@ -10,8 +10,10 @@ config becomes a registered `hf_attn_<family>` type (the family's config plus `h
 
 With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
 key/value head that some global query head reads, and only the last `local_window` tokens of one that only local
-heads read: the layout's `kv_head_layout`. A model saved after `hybridize` loads with `AutoModelForCausalLM` once
-hf_attn is imported.
+heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
+`cache_implementation="static"` makes, or one a user passes): it keeps every key/value head whole, and local heads
+find their window in the mask transformers builds for it. A model saved after `hybridize` loads with
+`AutoModelForCausalLM` once hf_attn is imported.
 """
 
 from __future__ import annotations
@@ -106,10 +108,14 @@ def num_key_value_heads(config) -> int:
 
 def hybrid_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """A hybridized layer's attention, as transformers' attention interface calls it: query (B, H, T, D); key and
-    value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}; the mask
-    transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
+    value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}, newest last;
+    the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
     Returns (B, T, H, D) and no weights."""
     heads: LayerHeads = module.hf_attn_heads
+    # Keys known to end at the newest token: an `HfAttnCache`'s, or any that come without a mask (causal order then
+    # says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that places
+    # them.
+    newest_last = isinstance(key, dict) or attention_mask is None
     keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
     if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
@@ -118,7 +124,10 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     outputs = []
     if "global" in heads.heads:
         outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
-    outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
+    if newest_last:
+        outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
+    else:
+        outputs.append(local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None
 
@@ -155,6 +164,29 @@ def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tens
         return None
     window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
     return window if attention_mask is None else attention_mask[..., -num_keys:].bool() & window
+
+
+def local_heads_by_mask(
+    query, keys: dict, values: dict, attention_mask: torch.Tensor, heads: LayerHeads, scaling: float, dropout: float
+) -> torch.Tensor:
+    """(B, H_local, T, D): the local heads over keys in whatever order the mask describes, each query seeing the
+    `local_window` keys nearest before it among those the mask lets it see (and itself with `attend_to_self`)."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    k, v = per_head(keys, sources), per_head(values, sources)
+    mask = nearest_visible(attention_mask, heads.visibility)
+    return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
+
+
+def nearest_visible(attention_mask: torch.Tensor, visibility: Visibility) -> torch.Tensor:
+    """(B|1, 1, T, S) bool: of the keys a query may see, those within `local_window` of it, counted along the mask
+    from the query itself, the last key it sees. Needs no key's index or position, so it holds for a static cache's
+    slots, a sliding window's, left padding and packed sequences alike."""
+    visible = attention_mask.bool()
+    rank = visible.flip(-1).cumsum(-1).flip(-1)  # visible keys from here to the last: 1 at the query itself
+    nearest = rank <= visibility.local_window + 1
+    if not visibility.attend_to_self:
+        nearest = nearest & (rank > 1)
+    return visible & nearest
 
 
 def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
@@ -259,12 +291,17 @@ class HybridModelMixin(CardSharing):
         head what its query heads read."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         made = model_kwargs.get("cache")
-        if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
+        if (
+            made is None
+            or isinstance(made, HfAttnCache | transformers.StaticCache)
+            or getattr(made, "_is_user_defined", False)
+        ):
             return
         if type(made) is not transformers.DynamicCache or made.offloading:
             raise ValueError(
                 f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hybridized "
-                "models yet; allowed: None or 'dynamic' (the default)."
+                "models yet; allowed: None or 'dynamic' (the default, an `HfAttnCache`), 'static' (transformers' "
+                "`StaticCache`, every key/value head kept whole)."
             )
         model_kwargs["cache"] = HfAttnCache(self.config)
         if generation_config.is_assistant:
@@ -280,7 +317,14 @@ def with_hybrid_cache(family_forward: Callable) -> Callable:
     def forward(self, *args, **kwargs):
         use_cache = kwargs.get("use_cache")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and len(args) <= 1 and kwargs.get("cache") is None and kwargs.get("past_key_values") is None:
+        given = kwargs.get("cache")
+        given = kwargs.get("past_key_values") if given is None else given
+        if isinstance(given, HfAttnCache) and given.is_compileable:
+            raise ValueError(
+                "`cache`: a static `HfAttnCache` (`max_cache_len`) is for hf_attn's own models; give a hybridized "
+                "model transformers' `StaticCache` (what `cache_implementation='static'` makes) or a dynamic cache."
+            )
+        if use_cache and len(args) <= 1 and given is None:
             kwargs["cache"] = HfAttnCache(self.config)
         return family_forward(self, *args, **kwargs)
 

@@ -5,6 +5,7 @@ written here from the papers' definitions (tests/naive.py), registered in transf
 """
 
 import copy
+import itertools
 import json
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    StaticCache,
     Trainer,
     TrainingArguments,
 )
@@ -37,7 +39,8 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
-from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
+from hf_attn.attention_hf_attn import Visibility
+from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA, nearest_visible
 
 VOCAB = 97
 NO_SPECIAL_TOKENS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -218,6 +221,67 @@ def test_beam_search_and_sampling_with_the_cache_equal_them_without(options):
         runs.append(model.generate(ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0, use_cache=use_cache,
                                    **options))  # fmt: skip
     assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_cache_generate_equals_recomputing(family):
+    """`cache_implementation="static"` keeps transformers' `StaticCache`: fixed slots, the empty ones after the
+    newest token, which the local heads' window has to skip."""
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                         cache_implementation="static", return_dict_in_generate=True)  # fmt: skip
+    assert type(out.cache) is StaticCache
+    assert torch.equal(out.sequences, greedy_by_recomputing(model, ids, mask, 8))
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_a_cache_the_user_makes_decodes_as_recomputing(cache, sliding_window):
+    """Strict local heads (k = 2, not themselves) in a Mistral, with or without its own sliding window (6, shorter
+    than the text: transformers' static cache then keeps 6 slots and rolls them)."""
+    base = tiny("mistral")
+    base.config.sliding_window = sliding_window
+    model = hybridize(base, head_layout=LAYOUT, local_window=2, attend_to_self=False)
+    ids, mask = batch()
+    made = StaticCache(config=model.config, max_cache_len=20) if cache == "static" else DynamicCache()
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                               cache=made)  # fmt: skip
+    assert torch.equal(generated, greedy_by_recomputing(model, ids, mask, 8))
+
+
+def test_local_heads_count_their_window_along_the_mask():
+    """Brute force: per query, the keys the mask lets it see, in order; the last of them stands for the query itself.
+    A local head keeps the last k + 1 (itself and the k before), or, strict, the k before itself."""
+    torch.manual_seed(0)
+    mask = torch.rand(3, 1, 5, 9) < 0.6
+    for attend_to_self in (True, False):
+        expected = torch.zeros_like(mask)
+        for b, t in itertools.product(range(3), range(5)):
+            seen = mask[b, 0, t].nonzero().flatten().tolist()
+            expected[b, 0, t, seen[-3:] if attend_to_self else seen[-3:-1]] = True
+        assert torch.equal(nearest_visible(mask, Visibility(True, attend_to_self, local_window=2)), expected)
+
+
+def test_compiled_decoding_with_a_static_cache_equals_eager():
+    """`generate` through `torch.compile(model.forward, fullgraph=True)` with a static cache: any graph break is an
+    error."""
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    options = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = model.generate(ids, **options)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+    assert torch.equal(model.generate(ids, cache_implementation="static", **options), expected)
+
+
+def test_caches_hybridized_models_cannot_use_are_refused_naming_the_allowed_ones():
+    model = hybridize(tiny("llama"), num_local_heads=4)
+    ids = batch()[0]
+    with pytest.raises(ValueError, match=r"'offloaded' is not supported by hybridized models yet; allowed: None"):
+        model.generate(ids, max_new_tokens=2, pad_token_id=0, cache_implementation="offloaded")
+    with pytest.raises(ValueError, match=r"`cache`: a static `HfAttnCache` .* is for hf_attn's own models"):
+        model(ids, cache=HfAttnCache(model.config, max_cache_len=32))
 
 
 # --- saving, loading, training -----------------------------------------------------------------------------------
