@@ -34,6 +34,7 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
@@ -273,6 +274,19 @@ def test_compiled_decoding_with_a_static_cache_equals_eager():
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
     assert torch.equal(model.generate(ids, cache_implementation="static", **options), expected)
+
+
+def test_exported_with_transformers_recipe_decodes_the_logits_of_the_whole_sequence():
+    """torch.export through `TorchExportableModuleForDecoderOnlyLM` (what ExecuTorch lowers): a static cache, one
+    token per call."""
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    model.generation_config.cache_implementation = "static"
+    ids = batch(length=10)[0][1:]
+    expected = model(ids, use_cache=False).logits
+    exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16)
+    decoder = exportable.export(input_ids=ids[:, :1], cache_position=torch.tensor([0])).module()
+    logits = [decoder(input_ids=ids[:, t : t + 1], cache_position=torch.tensor([t])) for t in range(ids.shape[1])]
+    torch.testing.assert_close(torch.cat(logits, dim=1), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_caches_hybridized_models_cannot_use_are_refused_naming_the_allowed_ones():
