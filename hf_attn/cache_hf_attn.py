@@ -8,7 +8,8 @@ only what that kind needs, as its `HEAD_KINDS` entry says.
 
 So a local-only model decodes with a cache of constant size, and what transformers builds on its layers works as for
 any model: `crop` and past recording (assisted, prompt-lookup and speculative decoding), beam reordering, static and
-compileable caches, `early_initialization` for export.
+compileable caches, `early_initialization` for export. A hybridized model whose own architecture slides a window over
+every head of a layer (Mistral; Qwen2 and Qwen3 with `use_sliding_window`) keeps no more than that window of any kind.
 """
 
 import torch
@@ -86,14 +87,30 @@ class WindowLayer(DynamicSlidingWindowLayer):
         return keys, values
 
 
-def kind_layer(kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None) -> CacheLayerMixin:
-    """The transformers layer that keeps what `kind` needs: dynamic, or static when `max_cache_len` is given."""
-    window = kind.window(config)
+def kind_layer(
+    kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None, model_window: int | None = None
+) -> CacheLayerMixin:
+    """The transformers layer that keeps what `kind` needs: dynamic, or static when `max_cache_len` is given. Its
+    window counts the current token, as transformers' `sliding_window` does: the kind's k + 1, or the model's own
+    where that is shorter."""
+    window = kind.window(config)  # past tokens the kind's queries see
+    if model_window is not None:
+        window = model_window - 1 if window is None else min(window, model_window - 1)
     if max_cache_len is None:
         return AppendingLayer() if window is None else WindowLayer(sliding_window=window + 1)
     if window is None:
         return StaticLayer(max_cache_len=max_cache_len)
     return StaticSlidingWindowLayer(max_cache_len=max_cache_len, sliding_window=window + 1)
+
+
+def model_window(config, layer_idx: int) -> int | None:
+    """The sliding window a hybridized model's own architecture puts on every head of the layer (Mistral's; Qwen2's
+    and Qwen3's upper layers with `use_sliding_window`), counting the current token; None for full attention."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and layer_types[layer_idx] != "sliding_attention"):
+        return None
+    return window
 
 
 class HeadKindLayer(CacheLayerMixin):
@@ -106,7 +123,8 @@ class HeadKindLayer(CacheLayerMixin):
     def __init__(self, config: HfAttnConfig, layer_idx: int, max_cache_len: int | None = None):
         layout = config.kv_head_layout[layer_idx]
         self.layout = layout
-        self.by_kind = {kind.name: kind_layer(kind, config, max_cache_len) for kind in kinds_in(layout)}
+        window = model_window(config, layer_idx)
+        self.by_kind = {kind.name: kind_layer(kind, config, max_cache_len, window) for kind in kinds_in(layout)}
         self.caches_keys = {kind.name: "keys" in kind.cached for kind in kinds_in(layout)}
 
     def __repr__(self) -> str:

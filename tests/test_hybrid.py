@@ -191,6 +191,30 @@ def test_decoding_with_the_cache_gives_the_logits_of_the_whole_sequence(family, 
         torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(family):
+    """Mistral slides a window of 6 over every layer; this Qwen2 over its second only (`max_window_layers=1`)."""
+    base = tiny(family)
+    base.config.sliding_window = 6
+    if family == "qwen2":
+        base = Qwen2ForCausalLM(Qwen2Config(**{**base.config.to_dict(), "use_sliding_window": True,
+                                               "max_window_layers": 1, "layer_types": None})).eval()  # fmt: skip
+    model = hybridize(base, head_layout=LAYOUT, local_window=2)
+    ids, mask = batch(length=26)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    cache = HfAttnCache(model.config)
+    for start, end in [(0, 20), (20, 22), (22, 23), (23, 26)]:
+        logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
+                       cache=cache).logits  # fmt: skip
+        torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+    sliding = [True, True] if family == "mistral" else [False, True]
+    for layer, slides in zip(cache.layers, sliding, strict=True):
+        kept = {name: tensor.shape[-2] for name, tensor in layer.tensors().items()}
+        assert kept["global_keys"] == (5 if slides else 26)  # the model's window counts the query
+        assert kept.get("local_keys", 2) == 2  # where a key/value head is local's alone
+
+
 # --- generate ----------------------------------------------------------------------------------------------------
 
 
