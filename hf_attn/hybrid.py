@@ -44,11 +44,14 @@ from transformers import (
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .attention_hf_attn import Visibility, global_attention, local_attention, visibility_mask
+from .attention_hf_attn import Visibility, global_attention, local_attention, masked_weights, visibility_mask
 from .cache_hf_attn import HfAttnCache
 from .modeling_hf_attn import CardSharing
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
+# The keyword argument that asks `hybrid_attention` for its weights: the families pass unknown keyword arguments down
+# to the attention function, but GPT-2 drops `output_attentions` on the way.
+RETURN_WEIGHTS = "hf_attn_return_weights"
 KINDS = ("global", "local")
 # Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
 # mask rather than the banded kernel's pass per key offset.
@@ -85,6 +88,7 @@ class LayerHeads:
         # Per query kind, for each of its heads: the kind of key/value head it reads and its index among the kind's.
         position = {g: (kind, i) for kind, heads in self.kv_heads.items() for i, g in enumerate(heads)}
         self.sources = {kind: [position[h // group_size] for h in heads] for kind, heads in self.heads.items()}
+        self.every_source = [position[h // group_size] for h in range(len(self.kinds))]  # the same, in head order
         self.pure_groups = all(len(set(group)) == 1 for group in groups)  # no group read by heads of both kinds
         # The permutation that puts outputs computed kind by kind back in head order.
         computed = [h for heads in self.heads.values() for h in heads]
@@ -110,13 +114,15 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     """A hybridized layer's attention, as transformers' attention interface calls it: query (B, H, T, D); key and
     value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}, newest last;
     the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
-    Returns (B, T, H, D) and no weights."""
+    Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None."""
     heads: LayerHeads = module.hf_attn_heads
     # Keys known to end at the newest token: an `HfAttnCache`'s, or any that come without a mask (causal order then
     # says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that places
     # them.
     newest_last = isinstance(key, dict) or attention_mask is None
     keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
+    if kwargs.get(RETURN_WEIGHTS):
+        return attention_with_weights(query, keys, values, attention_mask, heads, scaling, dropout)
     if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
@@ -175,6 +181,29 @@ def local_heads_by_mask(
     k, v = per_head(keys, sources), per_head(values, sources)
     mask = nearest_visible(attention_mask, heads.visibility)
     return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
+
+
+def attention_with_weights(
+    query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head written out, for `output_attentions`: (B, T, H, D) and the (B, H, T, S) weights over the keys the
+    mask spans, the newest last; a local head's key/value head keeps fewer of them, the older ones weigh 0."""
+    num_queries = query.shape[-2]
+    num_keys = max(k.shape[-2] for k in keys.values())
+    if attention_mask is None:  # causal order: query i is key num_keys - num_queries + i
+        attention_mask = visibility_mask(Visibility(True, True), num_queries, None, num_keys, query.device)
+    visible = attention_mask.bool()
+    k, v = (per_head(left_padded(states, num_keys), heads.every_source) for states in (keys, values))
+    is_local = torch.tensor([kind == "local" for kind in heads.kinds], device=query.device)[:, None, None]
+    mask = torch.where(is_local, nearest_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
+    weights = masked_weights(query, k, mask, scaling)
+    out = torch.matmul(torch.nn.functional.dropout(weights, dropout), v)
+    return out.transpose(1, 2), weights
+
+
+def left_padded(states: dict, num_keys: int) -> dict:
+    """Each kind's (B, H_kv, S_kind, D) states padded with zeros on the left to `num_keys`: its newest last."""
+    return {kind: torch.nn.functional.pad(x, (0, 0, num_keys - x.shape[-2], 0)) for kind, x in states.items()}
 
 
 def nearest_visible(attention_mask: torch.Tensor, visibility: Visibility) -> torch.Tensor:
@@ -269,7 +298,7 @@ def layout_problems(config) -> list[str]:
 
 class HybridModelMixin(CardSharing):
     """What a hybridized family's model classes add: every attention module knows its heads (`hf_attn_heads`) and
-    runs `hybrid_attention`; `generate` and `forward` (`with_hybrid_cache`) decode with an `HfAttnCache`; and
+    runs `hybrid_attention`; `generate` and `forward` (`hybrid_forward`) decode with an `HfAttnCache`; and
     `save_pretrained` and `push_to_hub` write a card saying which heads are local."""
 
     def __init__(self, config, *args, **kwargs):
@@ -308,13 +337,16 @@ class HybridModelMixin(CardSharing):
             model_kwargs["cache"].activate_past_recording()
 
 
-def with_hybrid_cache(family_forward: Callable) -> Callable:
-    """The family's `forward`, given an `HfAttnCache` where it would make itself a `DynamicCache`. Keyword arguments
-    only (the families order their positional ones differently); the family's signature stays visible to Trainer,
-    which keeps only the dataset columns `forward` names."""
+def hybrid_forward(family_forward: Callable) -> Callable:
+    """The family's `forward`, given an `HfAttnCache` where it would make itself a `DynamicCache`, and asking the
+    attention function for weights when `output_attentions` does. Keyword arguments only (the families order their
+    positional ones differently); the family's signature stays visible to Trainer, which keeps only the dataset
+    columns `forward` names."""
 
     @functools.wraps(family_forward)
     def forward(self, *args, **kwargs):
+        if kwargs.get("output_attentions", self.config.output_attentions):
+            kwargs[RETURN_WEIGHTS] = True
         use_cache = kwargs.get("use_cache")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         given = kwargs.get("cache")
@@ -359,7 +391,7 @@ def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]
                 "__module__": __name__,
                 "__doc__": f"`{model_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
                 "config_class": config,
-                "forward": with_hybrid_cache(model_class.forward),
+                "forward": hybrid_forward(model_class.forward),
             },
         )  # fmt: skip
         for auto_name, model_class in model_classes.items()

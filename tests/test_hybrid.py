@@ -86,20 +86,22 @@ NAIVE_LAYOUT = {}  # what the naive function reads: "layout", "local_window", "a
 
 def naive_layer_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Every query head through `naive_attention` with its kind's visibility; query head h reads key/value head
-    h // (heads per key/value head). Padding comes from the mask's last row (causal order is naive's own)."""
+    h // (heads per key/value head). Padding comes from the mask's last row (causal order is naive's own). Returns
+    the weights too, as transformers' eager attention does."""
     kinds = NAIVE_LAYOUT["layout"][module.layer_idx]
     group = query.shape[1] // key.shape[1]
     key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
-    outputs = []
+    outputs, weights = [], []
     for h, kind in enumerate(kinds):
         local = kind == "local"
-        out, _ = naive_attention(
+        out, head_weights = naive_attention(
             query[:, h : h + 1], key[:, h // group : h // group + 1], value[:, h // group : h // group + 1],
             is_causal=True, attend_to_self=NAIVE_LAYOUT["attend_to_self"] or not local,
             local_window=NAIVE_LAYOUT["local_window"] if local else None, key_mask=key_mask, scale=scaling,
         )  # fmt: skip
         outputs.append(out.to(query.dtype))
-    return torch.cat(outputs, dim=1).transpose(1, 2), None
+        weights.append(head_weights.to(query.dtype))
+    return torch.cat(outputs, dim=1).transpose(1, 2), torch.cat(weights, dim=1)
 
 
 AttentionInterface.register(NAIVE, naive_layer_attention)
@@ -138,6 +140,33 @@ def test_local_heads_equal_a_naive_reference(family, attend_to_self, padded):
     mask = mask if padded else torch.ones_like(mask)
     expected = twin(ids, attention_mask=mask).logits
     torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_attentions_gives_the_weights_of_the_naive_reference(family):
+    model = tiny(family)
+    twin = naive_twin(model, LAYOUT, local_window=2, attend_to_self=False)
+    hybrid = hybridize(model, head_layout=LAYOUT, local_window=2, attend_to_self=False)
+    ids, mask = batch(length=24)
+    expected = twin(ids, attention_mask=mask, output_attentions=True).attentions
+    out = hybrid(ids, attention_mask=mask, output_attentions=True)
+    assert len(out.attentions) == len(expected) == 2
+    for got, reference in zip(out.attentions, expected, strict=True):
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.logits, hybrid(ids, attention_mask=mask).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decoding_step_weighs_the_keys_as_the_whole_sequence_does():
+    """With the cache, key/value heads of local heads alone keep 2 tokens: older keys weigh 0, as in the whole
+    sequence."""
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    ids = batch(length=21)[0]
+    cache = HfAttnCache(model.config)
+    model(ids[:, :20], cache=cache)
+    step = model(ids[:, 20:], cache=cache, output_attentions=True).attentions
+    whole = model(ids, use_cache=False, output_attentions=True).attentions
+    for got, expected in zip(step, whole, strict=True):
+        torch.testing.assert_close(got, expected[..., -1:, :], rtol=1e-5, atol=1e-6)
 
 
 def test_local_heads_change_the_logits_and_only_beyond_the_window():
