@@ -23,24 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import transformers
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    GPT2Model,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaModel,
-    MistralConfig,
-    MistralForCausalLM,
-    MistralModel,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen2Model,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3Model,
-)
+from transformers import GPT2Config, LlamaConfig, MistralConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -56,13 +39,28 @@ KINDS = ("global", "local")
 # Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
 # mask rather than the banded kernel's pass per key offset.
 MAX_QUERIES_FOR_SDPA = 16
+# What each Auto class loads, by the suffix of the family's class name.
+HEADS = {
+    "AutoModel": "Model",
+    "AutoModelForCausalLM": "ForCausalLM",
+    "AutoModelForSequenceClassification": "ForSequenceClassification",
+    "AutoModelForTokenClassification": "ForTokenClassification",
+    "AutoModelForQuestionAnswering": "ForQuestionAnswering",
+}
+
+
+def family_classes(prefix: str, **renamed: str) -> dict[str, type]:
+    """A family's model classes by Auto class, as transformers names them (`renamed`: the exceptions)."""
+    return {auto: getattr(transformers, renamed.get(auto, prefix + suffix)) for auto, suffix in HEADS.items()}
+
+
 # The families `hybridize` takes: their config type and the model classes it gives per-head kinds, by Auto class.
 FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
-    "llama": (LlamaConfig, {"AutoModel": LlamaModel, "AutoModelForCausalLM": LlamaForCausalLM}),
-    "qwen2": (Qwen2Config, {"AutoModel": Qwen2Model, "AutoModelForCausalLM": Qwen2ForCausalLM}),
-    "mistral": (MistralConfig, {"AutoModel": MistralModel, "AutoModelForCausalLM": MistralForCausalLM}),
-    "qwen3": (Qwen3Config, {"AutoModel": Qwen3Model, "AutoModelForCausalLM": Qwen3ForCausalLM}),
-    "gpt2": (GPT2Config, {"AutoModel": GPT2Model, "AutoModelForCausalLM": GPT2LMHeadModel}),
+    "llama": (LlamaConfig, family_classes("Llama")),
+    "qwen2": (Qwen2Config, family_classes("Qwen2")),
+    "mistral": (MistralConfig, family_classes("Mistral")),
+    "qwen3": (Qwen3Config, family_classes("Qwen3")),
+    "gpt2": (GPT2Config, family_classes("GPT2", AutoModelForCausalLM="GPT2LMHeadModel")),
 }
 
 
@@ -419,8 +417,9 @@ def hybridize(
     local_window: int = 1,
     attend_to_self: bool = True,
 ) -> PreTrainedModel:
-    """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral or GPT-2 model, or one hybridized before) a kind per query
-    head, in place, and returns it; weights, dtype and device are untouched.
+    """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral or GPT-2 model: the base model or one with a causal LM,
+    sequence or token classification or question answering head; or one hybridized before) a kind per query head, in
+    place, and returns it; weights, dtype and device are untouched.
 
     `head_layout` names every head's kind ("global" or "local"), one list per layer; or `num_local_heads` makes the
     last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from huggingface_hub import ModelCard
 from naive import naive_attention
 from transformers import (
@@ -23,7 +24,6 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
-    LlamaForSequenceClassification,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -354,6 +354,29 @@ def test_caches_hybridized_models_cannot_use_are_refused_naming_the_allowed_ones
 # --- saving, loading, training -----------------------------------------------------------------------------------
 
 
+TASK_HEADS = ("AutoModelForSequenceClassification", "AutoModelForTokenClassification", "AutoModelForQuestionAnswering")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("auto_name", TASK_HEADS)
+def test_task_heads_hybridize_and_load_back_with_their_auto_class(family, auto_name, tmp_path):
+    config = tiny(family).config
+    config.pad_token_id, config.num_labels = 0, 3
+    torch.manual_seed(0)
+    auto_class = getattr(transformers, auto_name)
+    model = auto_class.from_config(config).eval()
+    ids, mask = batch()
+    expected = model(ids, attention_mask=mask)[0]
+    torch.testing.assert_close(hybridize(model)(ids, attention_mask=mask)[0], expected, rtol=0, atol=1e-6)
+    hybridize(model, head_layout=LAYOUT, local_window=2)
+    local = model(ids, attention_mask=mask)[0]
+    assert not torch.allclose(local, expected, atol=1e-3)
+    model.save_pretrained(tmp_path)
+    loaded = auto_class.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model) and loaded.config.head_layout == LAYOUT
+    torch.testing.assert_close(loaded(ids, attention_mask=mask)[0], local)
+
+
 def test_save_pretrained_and_from_pretrained_give_the_same_model(tmp_path):
     model = hybridize(tiny("mistral"), head_layout=LAYOUT, local_window=3, attend_to_self=False)
     model.save_pretrained(tmp_path)
@@ -384,6 +407,10 @@ def test_trainer_fine_tunes_a_hybridized_model(tmp_path):
 # --- refusals ----------------------------------------------------------------------------------------------------
 
 
+class RenamedLlama(LlamaForCausalLM):
+    """A class of the user's: hybridize cannot know what it changes."""
+
+
 @pytest.mark.parametrize(
     "make,arguments,message",
     [
@@ -394,7 +421,7 @@ def test_trainer_fine_tunes_a_hybridized_model(tmp_path):
             {},
             "hybridize supports the model types",
         ),  # fmt: skip
-        (lambda: LlamaForSequenceClassification(tiny("llama").config), {}, "LlamaForCausalLM"),
+        (lambda: RenamedLlama(tiny("llama").config), {}, "LlamaForSequenceClassification"),
         (lambda: tiny("llama"), dict(head_layout=LAYOUT, num_local_heads=2), "not both"),
         (lambda: tiny("llama"), dict(num_local_heads=9), "`num_local_heads` must be an int in 0..8"),
         (lambda: tiny("llama"), dict(head_layout=[["global"] * 8]), "one list per layer (2), got 1"),
