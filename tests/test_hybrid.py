@@ -472,6 +472,18 @@ def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_up
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
 
 
+def test_generate_continues_from_the_cache_it_returned():
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
+    ids, mask = batch()
+    options = dict(do_sample=False, pad_token_id=0)
+    whole = model.generate(ids, attention_mask=mask, max_new_tokens=10, **options)
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=5, return_dict_in_generate=True, **options)
+    assert type(first.cache) is HfAttnCache
+    mask = torch.cat([mask, torch.ones_like(mask[:, :5])], dim=1)
+    rest = model.generate(first.sequences, attention_mask=mask, cache=first.cache, max_new_tokens=5, **options)
+    assert torch.equal(rest, whole)
+
+
 def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding():
     """Both crop the cache after rejected draft tokens, windows of local heads included."""
     model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
@@ -496,6 +508,20 @@ def test_the_docs_cache_table_is_what_the_layouts_give():
         computed = hf_attn.hybrid.cache_bytes_per_token(config)
         assert config.kv_head_layout[0].count("global") == int(kept) and computed == int(per_token.replace(",", ""))
         assert f"{computed / hf_attn.hybrid.original_cache_bytes_per_token(config):.2f}" == ratio
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2).train()  # Llama has no dropout
+    ids, mask = batch(length=24)
+    gradients = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.zero_grad()
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name, expected in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], expected, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_lora_fine_tunes_a_hybridized_model_and_merges_back():
