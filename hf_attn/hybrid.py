@@ -11,8 +11,8 @@ config becomes a registered `hf_attn_<family>` type (the family's config plus `h
 With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
 key/value head that some global query head reads, and only the last `local_window` tokens of one that only local
 heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
-`cache_implementation="static"` makes, or one a user passes): it keeps every key/value head whole, and local heads
-find their window in the mask transformers builds for it. A model saved after `hybridize` loads with
+`cache_implementation="static"` makes, or one a user passes): it keeps what it would for the unmodified model, and
+local heads find their window in the mask transformers builds for it. A model saved after `hybridize` loads with
 `AutoModelForCausalLM` once hf_attn is imported.
 """
 
