@@ -328,7 +328,7 @@ class HybridModelMixin(CardSharing):
             raise ValueError(
                 f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hybridized "
                 "models yet; allowed: None or 'dynamic' (the default, an `HfAttnCache`), 'static' (transformers' "
-                "`StaticCache`, every key/value head kept whole)."
+                "`StaticCache`, as the unmodified model has it)."
             )
         model_kwargs["cache"] = HfAttnCache(self.config)
         if generation_config.is_assistant:
