@@ -1,5 +1,6 @@
 """Paper B's formal-language generator, checked against the regex recognizers, which are checked by hand first."""
 
+import itertools
 import re
 
 import numpy as np
@@ -185,3 +186,37 @@ def test_vocab_refuses_unknown_language_and_symbols():
         FormalLanguageVocab("dyck")
     with pytest.raises(ValueError, match="`string`"):
         FormalLanguageVocab("ends_with_a").encode("abd")
+
+
+# --- contains_positives="uniform" --------------------------------------------------------------------------------
+
+
+def share_with_ab_in_last(symbols: int) -> float:
+    """Brute force over every string of `symbols` symbols of {a, b, c}: the share holding ab. A long uniform member of
+    Σ*abΣ* ends so with this probability (whether an ab comes earlier hardly matters)."""
+    strings = ["".join(s) for s in itertools.product("abc", repeat=symbols)]
+    return sum("ab" in s for s in strings) / len(strings)
+
+
+def test_uniform_members_are_uniform_strings_that_hold_the_pattern():
+    strings, labels = sample_strings("contains_ab", 4000, 300, 300, seed=7, contains_positives="uniform")
+    members = [s for s, label in zip(strings, labels, strict=True) if label == 1]
+    assert all(recognizer("contains_ab")(s) for s in members) and len(members) == 2000
+    for symbols in (6, 11):  # what a 1-local and a 2-local model of 5 layers can see from the end
+        share = sum("ab" in s[-symbols:] for s in members) / len(members)
+        assert abs(share - share_with_ab_in_last(symbols)) < 0.04
+    written_in, labels = sample_strings("contains_ab", 4000, 300, 300, seed=7)
+    members = [s for s, label in zip(written_in, labels, strict=True) if label == 1]
+    assert sum("ab" in s[-6:] for s in members) / len(members) < 0.1  # one ab, anywhere: rarely in the last 6
+
+
+@pytest.mark.parametrize("language", ["contains_a_then_b", "contains_ab"])
+def test_uniform_members_keep_the_adversarial_non_members(language):
+    strings, labels = sample_strings(language, 600, 1, 40, seed=3, contains_positives="uniform")
+    assert {recognizer(language)(s) for s, label in zip(strings, labels, strict=True) if label == 1} == {True}
+    assert {recognizer(language)(s) for s, label in zip(strings, labels, strict=True) if label == 0} == {False}
+
+
+def test_an_unknown_contains_positives_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=re.escape("`contains_positives` must be one of ['written_in', 'uniform']")):
+        sample_strings("contains_ab", 10, contains_positives="random")

@@ -130,6 +130,7 @@ def test_invalid_values_stop_before_training(tmp_path, args, message):
     [
         (["--languages", "palindromes"], "invalid choice"),
         (["--position_embeddings", "learned"], "invalid choice"),
+        (["--contains_positives", "random"], "invalid choice: 'random' \\(choose from 'written_in', 'uniform'\\)"),
         (["--no_such_field", "3"], "unrecognized arguments"),
     ],
 )

@@ -44,6 +44,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Trainer, T
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn import experiments, load_metric
 from hf_attn.data.formal_languages import (
+    CONTAINS_POSITIVES,
     LANGUAGES,
     LTL_CLASSES,
     FormalLanguageVocab,
@@ -76,6 +77,14 @@ class ExperimentArguments(experiments.RunArguments):
     test_max_length: int = field(default=500, metadata={"help": "Longest test length (Paper B: 500)."})
     test_length_step: int = field(default=1, metadata={"help": "Evaluate every this many lengths (Paper B: 1)."})
     test_samples_per_length: int = field(default=512, metadata={"help": "Test strings per length (Paper B: 512)."})
+    contains_positives: str = field(
+        default="written_in",
+        metadata={
+            "help": "Members of the contains_* languages, in training and test: the non-members' strings with the "
+            "pattern written in (our inference), or uniform random members (likely Paper B's).",
+            "choices": CONTAINS_POSITIVES,
+        },
+    )
 
     # `test_max_length` is not among the evaluation fields: it sets the model's n_positions. (Paper B: 5 seeds.)
     run_fields: ClassVar[tuple[str, ...]] = ("languages", "variants", "position_embeddings", "learning_rates",
@@ -177,10 +186,13 @@ def build_model(variant: str, positions: str, model: ModelArguments, language: s
 # --- one run ---------------------------------------------------------------------------------------------------
 
 
-def string_decisions(trainer: Trainer, language: str, length: int, samples: int) -> dict[str, np.ndarray]:
+def string_decisions(
+    trainer: Trainer, language: str, length: int, samples: int, contains_positives: str
+) -> dict[str, np.ndarray]:
     """The `<eos>` decisions, labels and lengths of `samples` test strings of exactly `length` symbols: the
     `recognition` metric's inputs."""
-    test_set = formal_language_dataset(language, samples, length, length, seed=experiments.TEST_SEED + length)
+    test_set = formal_language_dataset(language, samples, length, length, seed=experiments.TEST_SEED + length,
+                                       contains_positives=contains_positives)  # fmt: skip
     rows = test_set.with_format("numpy")[:]  # labels (N, L + 2): IGNORE_INDEX except at <eos>
     logits = trainer.predict(experiments.InMemoryDataset(test_set.remove_columns("length"))).predictions
     predictions, references = labelled_argmax(logits, rows["labels"])  # one labelled position per string
@@ -198,13 +210,16 @@ def train_and_evaluate(
     set_seed(run.seed)
     model = build_model(run.model, positions, model_args, language, experiment.test_max_length + 2)  # + <bos>, <eos>
     train = formal_language_dataset(language, experiment.train_samples, experiment.train_min_length,
-                                     experiment.train_max_length, seed=run.seed)  # fmt: skip
+                                     experiment.train_max_length, seed=run.seed,
+                                     contains_positives=experiment.contains_positives)  # fmt: skip
     args = experiments.run_arguments(training_args, run)
     trainer = Trainer(model=model, args=args, train_dataset=experiments.InMemoryDataset(train.remove_columns("length")))
     totals = run.train(trainer, experiment.resume)
-    samples, recognition = experiment.test_samples_per_length, load_metric("recognition")
-    train_strings = [string_decisions(trainer, language, n, samples) for n in training_lengths(language, experiment)]
-    test_strings = [string_decisions(trainer, language, n, samples) for n in evaluated_lengths(language, experiment)]
+    recognition = load_metric("recognition")
+    decisions = functools.partial(string_decisions, trainer, language, samples=experiment.test_samples_per_length,
+                                  contains_positives=experiment.contains_positives)  # fmt: skip
+    train_strings = [decisions(n) for n in training_lengths(language, experiment)]
+    test_strings = [decisions(n) for n in evaluated_lengths(language, experiment)]
     train_scores = recognition_scores(recognition, train_strings)
     test_scores = recognition_scores(recognition, test_strings)
     every_length = recognition_scores(recognition, train_strings + test_strings)  # Paper B's walk starts in training

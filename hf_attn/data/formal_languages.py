@@ -26,9 +26,12 @@ and >= 2 (`ab_star`, `dyck2_bounded`). Negatives are adversarial (Paper B): a me
 its last two, substituted (`ends_with_*`), its first symbol substituted (`starts_with_a`), one bracket flipped a <-> b
 (`dyck2_bounded`, `ab_star`), one symbol changed so the last a gets a b before it or a c after it (polynomial); a
 string with a and b everywhere but no ab (`contains_ab`) or every b before every a (`contains_a_then_b`), whose
-positives are the same strings with an ab (resp. an a...b) written in.
+positives are the same strings with an ab (resp. an a...b) written in (`contains_positives="written_in"`, our
+inference), or uniform random strings that are members (`"uniform"`: likely Paper B's, whose local models score
+71-96% on these languages; a uniform string usually holds an ab near its end, which a local head can see).
 """
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +84,7 @@ _MIN_LENGTH = {language: 1 for language in LANGUAGES} | {
     "dyck2_bounded": 2,
 }
 _EVEN_ONLY = ("ab_star", "dyck2_bounded")
+CONTAINS_POSITIVES = ("written_in", "uniform")  # how the `contains_*` languages' members are drawn
 
 
 def _check_language(language: str) -> None:
@@ -248,6 +252,20 @@ def _dyck2_bounded(rng: np.random.Generator, lengths: np.ndarray, width: int, po
     return ids
 
 
+def _uniform_members(
+    language: str, rng: np.random.Generator, lengths: np.ndarray, width: int, positive: bool
+) -> np.ndarray:
+    """Uniform random strings of the alphabet, each drawn again until it is a member: a `contains_*` language's
+    positives with `contains_positives="uniform"` (at least 1 in 9 draws is a member, at length 2)."""
+    ids = rng.integers(0, 3, size=(len(lengths), width))
+    member = recognizer(language)
+    table = np.frombuffer(ALPHABETS[language].encode(), dtype=np.uint8)
+    for row, length in enumerate(lengths.tolist()):
+        while not member(table[ids[row, :length]].tobytes().decode()):
+            ids[row, :length] = rng.integers(0, 3, size=length)
+    return ids
+
+
 _SAMPLERS = {
     "ends_with_a": _ends_with_a,
     "ends_with_ab": _ends_with_ab,
@@ -266,10 +284,12 @@ def _allowed_lengths(language: str, min_length: int, max_length: int) -> np.ndar
 
 
 def _sample_ids(
-    language: str, num_samples: int, min_length: int, max_length: int, seed: int
+    language: str, num_samples: int, min_length: int, max_length: int, seed: int, contains_positives: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Symbol ids (N, max length drawn), lengths (N,) and labels (N,), classes balanced and shuffled."""
     _check_language(language)
+    if contains_positives not in CONTAINS_POSITIVES:
+        raise ValueError(f"`contains_positives` must be one of {list(CONTAINS_POSITIVES)}, got {contains_positives!r}.")
     if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"`num_samples` must be an integer >= 1, got {num_samples!r}.")
     if min_length < 0:
@@ -289,7 +309,10 @@ def _sample_ids(
     for positive, count in ((True, num_positive), (False, num_samples - num_positive)):
         lengths = allowed[rng.integers(0, allowed.size, size=count)]
         width = int(lengths.max(initial=0))
-        parts.append(_SAMPLERS[language](rng, lengths, width, positive) if count else np.zeros((0, width), int))
+        sampler = _SAMPLERS[language]
+        if positive and contains_positives == "uniform" and language.startswith("contains_"):
+            sampler = functools.partial(_uniform_members, language)
+        parts.append(sampler(rng, lengths, width, positive) if count else np.zeros((0, width), int))
         part_lengths.append(lengths)
     width = max(part.shape[1] for part in parts)
     ids = np.concatenate([np.pad(part, ((0, 0), (0, width - part.shape[1]))) for part in parts])
@@ -300,21 +323,31 @@ def _sample_ids(
 
 
 def sample_strings(
-    language: str, num_samples: int, min_length: int = 1, max_length: int = 40, seed: int = 0
+    language: str,
+    num_samples: int,
+    min_length: int = 1,
+    max_length: int = 40,
+    seed: int = 0,
+    contains_positives: str = "written_in",
 ) -> tuple[list[str], np.ndarray]:
     """`num_samples` strings of `language` and their 0/1 labels: half members, half adversarial near misses.
 
     Lengths are uniform over the lengths in [min_length, max_length] where the language has members (even ones only
-    for `ab_star` and `dyck2_bounded`); see the module docstring for how each language's negatives are built.
+    for `ab_star` and `dyck2_bounded`); see the module docstring for how each language's strings are built.
     """
-    ids, lengths, labels = _sample_ids(language, num_samples, min_length, max_length, seed)
+    ids, lengths, labels = _sample_ids(language, num_samples, min_length, max_length, seed, contains_positives)
     table = np.frombuffer(ALPHABETS[language].encode(), dtype=np.uint8)
     chars = table[ids]  # (N, L) ASCII codes
     return [row[:length].tobytes().decode() for row, length in zip(chars, lengths.tolist(), strict=True)], labels
 
 
 def formal_language_dataset(
-    language: str, num_samples: int, min_length: int = 1, max_length: int = 40, seed: int = 0
+    language: str,
+    num_samples: int,
+    min_length: int = 1,
+    max_length: int = 40,
+    seed: int = 0,
+    contains_positives: str = "written_in",
 ) -> datasets.Dataset:
     """A torch-formatted dataset of `input_ids` (`<bos>` symbols `<eos>`, right-padded), `attention_mask`, `labels`
     and `length`, for a token-classification head.
@@ -323,7 +356,7 @@ def formal_language_dataset(
     the final position). Rows are padded with `<pad>` to the longest string of the dataset.
     """
     vocab = FormalLanguageVocab(language)
-    ids, lengths, labels = _sample_ids(language, num_samples, min_length, max_length, seed)
+    ids, lengths, labels = _sample_ids(language, num_samples, min_length, max_length, seed, contains_positives)
     rows = np.arange(num_samples)
     width = int(lengths.max()) + 2
     positions = np.arange(width)[None]  # (1, L + 2)
@@ -346,6 +379,7 @@ def formal_language_dataset(
 
 __all__ = [
     "ALPHABETS",
+    "CONTAINS_POSITIVES",
     "LANGUAGES",
     "FormalLanguageVocab",
     "formal_language_dataset",
