@@ -81,7 +81,7 @@ class ExperimentArguments(experiments.RunArguments):
         default="written_in",
         metadata={
             "help": "Members of the contains_* languages, in training and test: the non-members' strings with the "
-            "pattern written in (our inference), or uniform random members (likely Paper B's).",
+            "pattern written in (our inference), or uniform random members (Paper B does not say).",
             "choices": CONTAINS_POSITIVES,
         },
     )

@@ -27,8 +27,9 @@ its last two, substituted (`ends_with_*`), its first symbol substituted (`starts
 (`dyck2_bounded`, `ab_star`), one symbol changed so the last a gets a b before it or a c after it (polynomial); a
 string with a and b everywhere but no ab (`contains_ab`) or every b before every a (`contains_a_then_b`), whose
 positives are the same strings with an ab (resp. an a...b) written in (`contains_positives="written_in"`, our
-inference), or uniform random strings that are members (`"uniform"`: likely Paper B's, whose local models score
-71-96% on these languages; a uniform string usually holds an ab near its end, which a local head can see).
+inference), or uniform random strings that are members (`"uniform"`). Paper B does not say which. A uniform member of
+`contains_ab` usually holds an ab near its end, where a k-local model sees it: that would explain Paper B's local
+models scoring 71-96% on a language they cannot recognise (`configs/formal_languages/cpu_check_positives.yaml`).
 """
 
 import functools
@@ -256,7 +257,8 @@ def _uniform_members(
     language: str, rng: np.random.Generator, lengths: np.ndarray, width: int, positive: bool
 ) -> np.ndarray:
     """Uniform random strings of the alphabet, each drawn again until it is a member: a `contains_*` language's
-    positives with `contains_positives="uniform"` (at least 1 in 9 draws is a member, at length 2)."""
+    positives with `contains_positives="uniform"` (at least 1 in 9 draws is a member, at length 2). `positive` is
+    always True: the samplers' signature."""
     ids = rng.integers(0, 3, size=(len(lengths), width))
     member = recognizer(language)
     table = np.frombuffer(ALPHABETS[language].encode(), dtype=np.uint8)
