@@ -47,6 +47,8 @@ ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
 PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu", "induction_cpu_layernorm")
+FORMAL_PAPER_SIZE = "formal_languages_paper_size_cpu"  # the main table at Paper B's model size: the headline
+FORMAL_POSITIVES = "formal_languages_check_positives"  # its contains_ab local cells with uniform random members
 FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
                  "4x longer: 2,000 steps": "formal_languages_check_longer",
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
@@ -56,7 +58,8 @@ SINUSOIDAL_UNSCALED = {
     "formal": "formal_languages_check_sinusoidal_unscaled",
     "wikitext": "wikitext_check_sinusoidal_unscaled",
 }  # before Vaswani et al.'s scale was default
-PAPER_B = (*PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu", SINUSOIDAL_UNSCALED["wikitext"])
+PAPER_B = (FORMAL_PAPER_SIZE, FORMAL_POSITIVES, *PAPER_B_FORMAL, SINUSOIDAL_UNSCALED["formal"], "wikitext_cpu",
+           SINUSOIDAL_UNSCALED["wikitext"])  # fmt: skip
 HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
 HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (a folder per window, `k16`, ...,
 # a folder per model in each) and its models' pretraining
@@ -252,6 +255,20 @@ def formal_languages_checks_table() -> str:
     return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
 
 
+def formal_languages_positives_table() -> str:
+    """The main table's cells of the uniform-members check, its members written in and uniform side by side, with
+    Paper B's measured accuracy after them."""
+    uniform = load_results(DOCS / FORMAL_POSITIVES)
+    checked = experiment_of(formal_languages.ExperimentArguments, uniform)
+    by_setting = {"members written in (the main table)": load_results(DOCS / FORMAL_PAPER_SIZE),
+                  "uniform random members": uniform}  # fmt: skip
+    table = formal_languages.settings_table(by_setting, checked.languages, checked.variants)
+    published_accuracy = paper_numbers.FORMAL_LANGUAGES_ACCURACY
+    measured = [f"{language} / {variant} {published_accuracy[language][variant]:.1f}%"
+                for language in checked.languages for variant in checked.variants]  # fmt: skip
+    return table + "\n\nPaper B's mean accuracy (`training/paper_numbers.py`): " + ", ".join(measured) + "."
+
+
 def formal_languages_sinusoidal_scale_table() -> str:
     """The sinusoidal cells with token embeddings scaled by sqrt(n_embd) (the default) and unscaled, side by side."""
     scaled = [r for r in load_results(DOCS / "formal_languages_positions_cpu") if r["positions"] == "sinusoidal"]
@@ -421,12 +438,16 @@ EXPERIMENTS = (
                    ("induction/cpu.yaml --block_style gpt2 --max_steps 2000 --tracked_steps 2000 "
                     "--output_dir outputs/induction_cpu_layernorm",), "induction_cpu_layernorm"),
     PublishedTable("[formal languages, main table](results_paper_b.md#formal-languages-the-main-table)",
+                   "formal_languages", ("formal_languages/cpu_paper_size.yaml",), FORMAL_PAPER_SIZE),
+    PublishedTable("[formal languages, small model](results_paper_b.md#formal-languages-a-smaller-model)",
                    "formal_languages", ("formal_languages/cpu_table.yaml",), "formal_languages_table_cpu"),
     PublishedTable("[formal languages, 4x longer](results_paper_b.md#formal-languages-training-or-model-size)",
                    "formal_languages", ("formal_languages/cpu_check_longer.yaml",), "formal_languages_check_longer"),
     PublishedTable("[formal languages, Paper B's size](results_paper_b.md#formal-languages-training-or-model-size)",
                    "formal_languages", ("formal_languages/cpu_check_paper_size.yaml",),
                    "formal_languages_check_paper_size"),
+    PublishedTable("[formal languages, uniform members](results_paper_b.md#formal-languages-how-the-members-are-drawn)",
+                   "formal_languages", ("formal_languages/cpu_check_positives.yaml",), FORMAL_POSITIVES),
     PublishedTable("[formal languages, position encodings](results_paper_b.md#formal-languages-position-encodings)",
                    "formal_languages", ("formal_languages/cpu_positions.yaml",), "formal_languages_positions_cpu"),
     PublishedTable("[formal languages, unscaled sinusoids](results_paper_b.md#formal-languages-the-embedding-scale)",
@@ -494,9 +515,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
-    "formal-languages": lambda: formal_languages_table("formal_languages_table_cpu"),
+    "formal-languages": lambda: formal_languages_table(FORMAL_PAPER_SIZE),
+    "formal-languages-small": lambda: formal_languages_table("formal_languages_table_cpu"),
     "formal-languages-positions": formal_languages_positions_table,
     "formal-languages-checks": formal_languages_checks_table,
+    "formal-languages-positives": formal_languages_positives_table,
     "formal-languages-sinusoidal-scale": formal_languages_sinusoidal_scale_table,
 }
 
