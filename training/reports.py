@@ -49,7 +49,7 @@ PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages
 PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu", "induction_cpu_layernorm")
 FORMAL_PAPER_SIZE = "formal_languages_paper_size_cpu"  # the main table at Paper B's model size: the headline
 FORMAL_POSITIVES = "formal_languages_check_positives"  # its contains_ab local cells with uniform random members
-FORMAL_CHECKS = {"main table: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
+FORMAL_CHECKS = {"smaller model: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
                  "4x longer: 2,000 steps": "formal_languages_check_longer",
                  "Paper B's size: 5 layers x 64, 8 heads, 500 steps": "formal_languages_check_paper_size"}  # fmt: skip
 PAPER_B_FORMAL = ("formal_languages_table_cpu", "formal_languages_positions_cpu", "formal_languages_check_longer",
