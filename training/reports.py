@@ -249,7 +249,7 @@ def formal_languages_positions_table() -> str:
 
 
 def formal_languages_checks_table() -> str:
-    """The main table's disagreements with Paper B, trained longer and at Paper B's model size."""
+    """The 2-layer table's disagreements with Paper B, trained longer and at Paper B's model size."""
     by_setting = {setting: load_results(DOCS / name) for setting, name in FORMAL_CHECKS.items()}
     checked = experiment_of(formal_languages.ExperimentArguments, by_setting["4x longer: 2,000 steps"])
     return formal_languages.settings_table(by_setting, checked.languages, checked.variants)
