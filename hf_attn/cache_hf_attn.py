@@ -214,7 +214,9 @@ class HeadKindLayer(CacheLayerMixin):
         for layer in self.by_kind.values():
             getattr(layer, method)(*args)
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, **kwargs) -> None:
+        """Every kind keeps what `crop` may need again. `Cache` passes options meant for linear-attention layers
+        (transformers >= 5.25: `recurrent_states_to_keep`); attention kinds keep no recurrent state, so none apply."""
         for layer in self.by_kind.values():
             if hasattr(layer, "activate_past_recording"):
                 layer.activate_past_recording()
