@@ -94,3 +94,26 @@ def test_committed_tradeoff_reports_are_their_results():
     assert runs, "no published trade-off run"
     for folder, result in runs:
         assert (folder / "results.md").read_text() == reports.hybrid_tradeoff.report(result), f"{folder} is stale"
+
+
+def test_the_gap_by_epoch_table_is_the_medians_over_seeds(tmp_path, monkeypatch):
+    """Each cell the median over seeds of the run's MSE at c = 10 after that epoch, a collapsed run left out; the
+    ratio of the models' medians; Paper A's own medians in the last column."""
+    monkeypatch.setattr(reports, "DOCS", tmp_path)
+    mse = {"positional": [[8.0, 2.0], [6.0, 1.0], [7.0, 4.0]], "standard": [[30.0, 40.0], [20.0, 50.0], [1.0, 1.0]]}
+    for task in reports.TASK_NAMES:
+        for model, by_seed in mse.items():
+            for seed, (first, last) in enumerate(by_seed):
+                run = tmp_path / "demo" / task / model / f"seed-{seed}"
+                run.mkdir(parents=True)
+                collapsed = model == "standard" and seed == 2
+                by_epoch = {"5": {"10": first, "1": 0.0}, "20": {"10": last}}
+                result = {"task": task, "model": model, "seed": seed, "collapse": {"collapsed": collapsed},
+                          "by_epoch": by_epoch}  # fmt: skip
+                (run / "results.json").write_text(json.dumps(result))
+    table = reports.algorithmic_by_epoch_table("demo")
+    paper = {m: reports.paper_numbers.ALGORITHMIC_MSE["sort", m, "median"][-1] for m in mse}
+    assert "| sort, positional | 7.000 | 2.000 | " + f"{paper['positional']:g} |" in table
+    assert "| sort, standard | 25.000 | 45.000 | " + f"{paper['standard']:g} |" in table  # seed 2 collapsed
+    assert f"| sort, standard / positional | 3.6x | 22.5x | {paper['standard'] / paper['positional']:,.0f}x |" in table
+    assert table.splitlines()[0] == "| task, model | epoch 5 | epoch 20 | Paper A, epoch 2,001 |"

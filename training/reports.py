@@ -46,7 +46,8 @@ from training import (  # noqa: F401  (each script registers its family)
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
-PAPER_A = ("quickstart", "algorithmic_cpu", "mixed_cpu", "induction_cpu", "induction_cpu_layernorm")
+PAPER_A = ("quickstart", "algorithmic_cpu", "algorithmic_cpu_long", "mixed_cpu", "induction_cpu",
+           "induction_cpu_layernorm")  # fmt: skip
 FORMAL_PAPER_SIZE = "formal_languages_paper_size_cpu"  # the main table at Paper B's model size: the headline
 FORMAL_POSITIVES = "formal_languages_check_positives"  # its contains_ab local cells with uniform random members
 FORMAL_CHECKS = {"smaller model: 2 layers x 32, 500 steps": "formal_languages_table_cpu",
@@ -133,6 +134,30 @@ def algorithmic_table(name: str) -> str:
                  f"{kept['positional']} + {kept['standard']} ({dropped})"]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + PAPER_A_ALGORITHMIC_NOTE
+
+
+def algorithmic_by_epoch_table(name: str) -> str:
+    """Per task: median MSE over seeds at c = 10 after each tracked epoch, and the standard / positional ratio Paper
+    A's claim is about, from the runs' `by_epoch` in docs/results/NAME; Paper A's own after 2,001 epochs beside."""
+    results = load_results(DOCS / name)
+    papers = "Paper A, epoch 2,001"
+    rows = {}
+    for task, task_name in TASK_NAMES.items():
+        summary = summarize_along_training([r for r in results if r["task"] == task], "by_epoch", lambda mse: mse["10"])
+        epochs = sorted(summary["positional"], key=int)
+        ours = {m: {e: summary[m][e]["median"] for e in epochs} for m in ("positional", "standard")}
+        paper = {m: paper_numbers.ALGORITHMIC_MSE[task, m, "median"][-1] for m in ("positional", "standard")}
+        for model in ("positional", "standard"):
+            cells = {f"epoch {e}": format_value(ours[model][e]) for e in epochs}
+            rows[f"{task_name}, {model}"] = cells | {papers: published(paper[model])}
+        ratios = {f"epoch {e}": f"{ours['standard'][e] / ours['positional'][e]:.1f}x" for e in epochs}
+        paper_ratio = f"{paper['standard'] / paper['positional']:,.0f}x"
+        rows[f"{task_name}, standard / positional"] = ratios | {papers: paper_ratio}
+    note = (
+        "Median test MSE over seeds at c = 10 after each epoch (collapsed runs left out). Paper A's: its median over "
+        "10 runs after 2,001 epochs on the same 30,000 samples and batch (`training/paper_numbers.py`)."
+    )
+    return grid_table(rows, "task, model") + "\n\n" + note
 
 
 def mixed_table(task: str) -> str:
@@ -425,6 +450,8 @@ EXPERIMENTS = (
                    "algorithmic", ("algorithmic/min_cpu.yaml",), "quickstart"),
     PublishedTable("[algorithmic tasks](results_paper_a.md#algorithmic-tasks)", "algorithmic",
                    ("algorithmic/cpu.yaml",), "algorithmic_cpu"),
+    PublishedTable("[algorithmic tasks, longer](results_paper_a.md#algorithmic-tasks-closer-to-paper-as-training)",
+                   "algorithmic", ("algorithmic/cpu_long.yaml",), "algorithmic_cpu_long"),
     PublishedTable("[offline GPT-2 baseline](results_paper_a.md#the-gpt-2-baseline)", "pretrain_gpt2",
                    ("mixed/gpt2_pretrain_cpu.yaml",), "gpt2_pretraining"),
     PublishedTable("[GPT-2's fine-tuning rate](results_paper_a.md#the-gpt-2-baseline)", "baseline_learning_rate",
@@ -498,6 +525,8 @@ def experiments_index() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "quickstart": quickstart_table,
     "algorithmic": lambda: algorithmic_table("algorithmic_cpu"),
+    "algorithmic-long": lambda: algorithmic_table("algorithmic_cpu_long"),
+    "algorithmic-long-by-epoch": lambda: algorithmic_by_epoch_table("algorithmic_cpu_long"),
     "mixed-min": lambda: mixed_table("min"),
     "mixed-sum": lambda: mixed_table("sum"),
     "mixed-multitask": lambda: mixed_table("multitask"),
