@@ -140,19 +140,19 @@ def algorithmic_by_epoch_table(name: str) -> str:
     """Per task: median MSE over seeds at c = 10 after each tracked epoch, and the standard / positional ratio Paper
     A's claim is about, from the runs' `by_epoch` in docs/results/NAME; Paper A's own after 2,001 epochs beside."""
     results = load_results(DOCS / name)
-    papers = "Paper A, epoch 2,001"
+    paper_column, models = "Paper A, epoch 2,001", ("positional", "standard")
     rows = {}
     for task, task_name in TASK_NAMES.items():
         summary = summarize_along_training([r for r in results if r["task"] == task], "by_epoch", lambda mse: mse["10"])
         epochs = sorted(summary["positional"], key=int)
-        ours = {m: {e: summary[m][e]["median"] for e in epochs} for m in ("positional", "standard")}
-        paper = {m: paper_numbers.ALGORITHMIC_MSE[task, m, "median"][-1] for m in ("positional", "standard")}
-        for model in ("positional", "standard"):
+        ours = {m: {e: summary[m][e]["median"] for e in epochs} for m in models}
+        paper = {m: paper_numbers.ALGORITHMIC_MSE[task, m, "median"][-1] for m in models}
+        for model in models:
             cells = {f"epoch {e}": format_value(ours[model][e]) for e in epochs}
-            rows[f"{task_name}, {model}"] = cells | {papers: published(paper[model])}
+            rows[f"{task_name}, {model}"] = cells | {paper_column: published(paper[model])}
         ratios = {f"epoch {e}": f"{ours['standard'][e] / ours['positional'][e]:.1f}x" for e in epochs}
         paper_ratio = f"{paper['standard'] / paper['positional']:,.0f}x"
-        rows[f"{task_name}, standard / positional"] = ratios | {papers: paper_ratio}
+        rows[f"{task_name}, standard / positional"] = ratios | {paper_column: paper_ratio}
     note = (
         "Median test MSE over seeds at c = 10 after each epoch (collapsed runs left out). Paper A's: its median over "
         "10 runs after 2,001 epochs on the same 30,000 samples and batch (`training/paper_numbers.py`)."
