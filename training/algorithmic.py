@@ -220,6 +220,12 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     return reports
 
 
+def gap_by_epoch(summary: dict) -> dict[str, float]:
+    """Standard / positional median MSE at each epoch both were measured, from `summarize_along_training`."""
+    return {epoch: summary["standard"][epoch]["median"] / positional["median"]
+            for epoch, positional in summary["positional"].items() if epoch in summary["standard"]}  # fmt: skip
+
+
 def write_gap_by_epoch(task_dir: Path, results: list[dict]) -> str:
     """How the models' MSE at the largest tracked c moves with training: a table and a plot, and the standard /
     positional ratio of medians per epoch."""
@@ -228,8 +234,7 @@ def write_gap_by_epoch(task_dir: Path, results: list[dict]) -> str:
     lines = [f"# {task_dir.name}: test MSE at c = {scale} along training", "",
              experiments.markdown_table(summary, "epoch")]  # fmt: skip
     if {"positional", "standard"} <= summary.keys():
-        ratios = [f"epoch {e}: {summary['standard'][e]['median'] / summary['positional'][e]['median']:.1f}x"
-                  for e in summary["positional"] if e in summary["standard"]]  # fmt: skip
+        ratios = [f"epoch {epoch}: {ratio:.1f}x" for epoch, ratio in gap_by_epoch(summary).items()]
         lines += ["", "Standard / positional median MSE: " + ", ".join(ratios) + "."]
     text = "\n".join(lines) + "\n"
     (task_dir / "by_epoch.md").write_text(text)

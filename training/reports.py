@@ -145,12 +145,11 @@ def algorithmic_by_epoch_table(name: str) -> str:
     for task, task_name in TASK_NAMES.items():
         summary = summarize_along_training([r for r in results if r["task"] == task], "by_epoch", lambda mse: mse["10"])
         epochs = sorted(summary["positional"], key=int)
-        ours = {m: {e: summary[m][e]["median"] for e in epochs} for m in models}
         paper = {m: paper_numbers.ALGORITHMIC_MSE[task, m, "median"][-1] for m in models}
         for model in models:
-            cells = {f"epoch {e}": format_value(ours[model][e]) for e in epochs}
+            cells = {f"epoch {e}": format_value(summary[model][e]["median"]) for e in epochs}
             rows[f"{task_name}, {model}"] = cells | {paper_column: published(paper[model])}
-        ratios = {f"epoch {e}": f"{ours['standard'][e] / ours['positional'][e]:.1f}x" for e in epochs}
+        ratios = {f"epoch {e}": f"{ratio:.1f}x" for e, ratio in algorithmic.gap_by_epoch(summary).items()}
         paper_ratio = f"{paper['standard'] / paper['positional']:,.0f}x"
         rows[f"{task_name}, standard / positional"] = ratios | {paper_column: paper_ratio}
     note = (
