@@ -2,8 +2,8 @@
 fast path. `head_kinds_hf_attn.py` says which kind runs on which.
 
 Legend: B batch, H heads of one kind, T queries, S keys (S >= T: the last T keys are the queries' own positions),
-D head dim, k = `local_window`, P the positional encoding (positions x d_P). Query i sits at key index i + S - T, unless
-`key_mask` is a whole (B|1, 1, T, S) mask, which then says everything.
+D head dim, k = `local_window`, s = `sink_tokens`, P the positional encoding (positions x d_P). Query i sits at key
+index i + S - T, unless `key_mask` is a whole (B|1, 1, T, S) mask, which then says everything.
 Queries and keys may be wider or narrower than values (`content_qk_dim`); outputs take the values' width.
 
 Who sees whom is a `Visibility`: a predicate on (query index, key index) built from small overlays. The reference
@@ -15,7 +15,7 @@ never NaN.
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,21 @@ def window_overlay(local_window: int) -> Predicate:
     return lambda q_idx, kv_idx: (q_idx - kv_idx).abs() <= local_window
 
 
+def sink_overlay(sink_tokens: int) -> Predicate:
+    """The first `sink_tokens` keys of the sequence (attention sinks)."""
+    return lambda q_idx, kv_idx: kv_idx < sink_tokens
+
+
+def or_masks(*predicates: Predicate) -> Predicate:
+    def either(q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        visible = predicates[0](q_idx, kv_idx)
+        for predicate in predicates[1:]:
+            visible = visible | predicate(q_idx, kv_idx)
+        return visible
+
+    return either
+
+
 def and_masks(*predicates: Predicate) -> Predicate:
     def combined(q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         visible = torch.ones(torch.broadcast_shapes(q_idx.shape, kv_idx.shape), dtype=torch.bool, device=q_idx.device)
@@ -73,11 +88,29 @@ class Visibility:
 
     The empty first row of a strict mask outputs zeros. 1-local strict sees only the previous token. Without
     `is_causal` the pattern is mirrored to the right of the diagonal.
+
+    A local head may also see the first `sink_tokens` tokens of its sequence, wherever the query is: the attention
+    sinks of StreamingLLM (Xiao et al., 2023), where pretrained heads park the attention they do not spend. Without
+    padding the first s tokens are keys 0..s-1; under left padding or packing they are the first s tokens the mask
+    lets a query see (`local_visible`). 2-local inclusive with 1 sink, queries 0..5:
+
+        ■ ⬚ ⬚ ⬚ ⬚ ⬚
+        ■ ■ ⬚ ⬚ ⬚ ⬚
+        ■ ■ ■ ⬚ ⬚ ⬚
+        ■ ■ ■ ■ ⬚ ⬚
+        ■ ⬚ ■ ■ ■ ⬚
+        ■ ⬚ ⬚ ■ ■ ■
     """
 
     is_causal: bool
     attend_to_self: bool
     local_window: int | None = None
+    sink_tokens: int = 0
+
+    @property
+    def unwindowed(self) -> "Visibility":
+        """What the head would see without its window: the causal order (or not) and the self switch alone."""
+        return Visibility(self.is_causal, self.attend_to_self)
 
     @property
     def predicate(self) -> Predicate:
@@ -86,7 +119,9 @@ class Visibility:
             overlays.append(causal_overlay(self.attend_to_self))
         elif not self.attend_to_self:
             overlays.append(not_self_overlay())
-        if self.local_window is not None:
+        if self.local_window is not None and self.sink_tokens:
+            overlays.append(or_masks(window_overlay(self.local_window), sink_overlay(self.sink_tokens)))
+        elif self.local_window is not None:
             overlays.append(window_overlay(self.local_window))
         return and_masks(*overlays)
 
@@ -107,10 +142,30 @@ def visibility_mask(
         return key_mask
     kv_idx = torch.arange(num_keys, device=device)
     q_idx = kv_idx[num_keys - num_queries :, None]
-    mask = visibility.predicate(q_idx, kv_idx[None, :])[None, None]  # (1, 1, T, S)
-    if key_mask is not None:
-        mask = mask & key_mask[:, None, None, :].bool()  # (B, 1, T, S)
-    return mask
+    if key_mask is None or not visibility.sink_tokens:
+        mask = visibility.predicate(q_idx, kv_idx[None, :])[None, None]  # (1, 1, T, S)
+        return mask if key_mask is None else mask & key_mask[:, None, None, :].bool()  # (B, 1, T, S)
+    # Under padding the sinks are the first real keys of each row, not the first keys.
+    key_mask = key_mask.bool()
+    real_before = key_mask.cumsum(-1) - 1  # (B, S): real keys before each key
+    in_window = replace(visibility, sink_tokens=0).predicate(q_idx, kv_idx[None, :])[None, None]  # (1, 1, T, S)
+    sinks = visibility.unwindowed.predicate(q_idx, kv_idx[None, :]) & (real_before < visibility.sink_tokens)[:, None]
+    return (in_window | sinks[:, None]) & key_mask[:, None, None, :]
+
+
+def local_visible(visible: torch.Tensor, visibility: Visibility) -> torch.Tensor:
+    """(B|1, H|1, T, S) bool: of the keys a query may see (`visible`, inclusive of the query itself, its last key),
+    the `local_window` nearest before it and the first `sink_tokens`, both counted along the mask. Needs no key's
+    index or position, so it holds for a static cache's slots, a cache that keeps sinks apart from its window, left
+    padding and packed sequences alike."""
+    visible = visible.bool()
+    from_query = visible.flip(-1).cumsum(-1).flip(-1)  # visible keys from here to the last: 1 at the query itself
+    seen = from_query <= visibility.local_window + 1
+    if visibility.sink_tokens:
+        seen = seen | (visible.cumsum(-1) <= visibility.sink_tokens)
+    if not visibility.attend_to_self:
+        seen = seen & (from_query > 1)
+    return visible & seen
 
 
 # --- shared pieces ---------------------------------------------------------------------------------------------
@@ -220,11 +275,18 @@ def flex_global_attention(
 def local_attention(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
-    """(B, H, T, D) content attention over the k nearest keys, in O(T * k): picks the faster banded kernel. A whole
-    4D mask goes to SDPA."""
+    """(B, H, T, D) content attention over the k nearest keys (and the first s), in O(T * (k + s)): picks the faster
+    banded kernel. A whole 4D mask goes to SDPA."""
     if key_mask is not None and key_mask.dim() == 4:
         return masked_sdpa(q, k, v, key_mask, scale, dropout)
-    if len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL or q.shape[-2] != k.shape[-2]:
+    whole_sequence = q.shape[-2] == k.shape[-2]
+    if visibility.sink_tokens:
+        if key_mask is None and whole_sequence:
+            return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
+        # Sinks under padding (each row's first real keys), or a few queries past a cache: the whole mask.
+        mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)
+        return masked_sdpa(q, k, v, mask, scale, dropout)
+    if len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL or not whole_sequence:
         return local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)[0]
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
 
@@ -342,9 +404,11 @@ def local_attention_by_offsets(
 def local_attention_by_chunks(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
-    """Chunks of C queries attend, through SDPA, to their own chunk plus the k keys on either side.
+    """Chunks of C queries attend, through SDPA, to their own chunk plus the k keys on either side, and to the first
+    s keys (sinks) where those lie outside that span.
 
-    Costs C + 2k scores per query instead of T. Needs S == T (no cache: decoding uses the offsets kernel).
+    Costs C + 2k + s scores per query instead of T. Needs S == T (no cache: decoding uses the offsets kernel), and no
+    padding with sinks (`local_attention` sends that case to the whole mask).
     """
     batch, heads, length, _ = q.shape
     window = visibility.local_window
@@ -360,7 +424,8 @@ def local_attention_by_chunks(
 
     q_chunks = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * num_chunks, chunk, q.shape[-1])
     # Band inside a chunk, relative indices: query i is key column i + left.
-    band = visibility.predicate(torch.arange(chunk)[:, None] + left, torch.arange(span)[None, :]).to(q.device)
+    in_window = replace(visibility, sink_tokens=0).predicate  # relative indices: the sinks are not keys 0..s-1
+    band = in_window(torch.arange(chunk)[:, None] + left, torch.arange(span)[None, :]).to(q.device)
     key_index = torch.arange(num_chunks)[:, None] * chunk - left + torch.arange(span)[None, :]  # (nC, span)
     in_range = ((key_index >= 0) & (key_index < length)).to(q.device)
     if key_mask is None:
@@ -368,9 +433,31 @@ def local_attention_by_chunks(
     else:
         key_valid = F.pad(key_mask.bool(), (left, right + tail)).unfold(1, span, chunk) & in_range  # (B, nC, span)
     mask = band[None, None] & key_valid[:, :, None, :]  # (B|1, nC, C, span)
-    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(mask.shape[0], heads * num_chunks, chunk, span)
-    out = masked_sdpa(q_chunks, windows(k), windows(v), mask, scale, dropout)
+    keys, values = windows(k), windows(v)
+    if visibility.sink_tokens:
+        sink_mask, keys, values = with_sinks(keys, values, k, v, visibility, chunk, num_chunks)
+        mask = torch.cat([sink_mask.expand(mask.shape[0], -1, -1, -1), mask], dim=-1)  # (B|1, nC, C, s + span)
+    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(mask.shape[0], heads * num_chunks, chunk, -1)
+    out = masked_sdpa(q_chunks, keys, values, mask, scale, dropout)
     return out.reshape(batch, heads, num_chunks * chunk, v.shape[-1])[:, :, :length]
+
+
+def with_sinks(keys, values, k, v, visibility: Visibility, chunk: int, num_chunks: int):
+    """The chunked kernel's keys and values (B, H * nC, span, D) with the s sink keys put before each chunk's span,
+    and the sinks' (1, nC, C, s) mask: a sink is seen where the query may see it and its window does not hold it."""
+    batch, heads, length, _ = k.shape
+    sinks = min(visibility.sink_tokens, length)
+    query_index = (torch.arange(num_chunks)[:, None] * chunk + torch.arange(chunk)[None, :]).to(k.device)  # (nC, C)
+    sink_index = torch.arange(sinks, device=k.device)
+    q_idx, kv_idx = query_index[..., None], sink_index[None, None, :]
+    seen = visibility.unwindowed.predicate(q_idx, kv_idx) & ~window_overlay(visibility.local_window)(q_idx, kv_idx)
+
+    def prepend(windowed: torch.Tensor, states: torch.Tensor) -> torch.Tensor:  # (B, H * nC, s + span, D)
+        first = states[:, :, None, :sinks].expand(-1, -1, num_chunks, -1, -1)  # (B, H, nC, s, D)
+        first = first.reshape(batch, heads * num_chunks, sinks, states.shape[-1])
+        return torch.cat([first, windowed], dim=2)
+
+    return seen[None], prepend(keys, k), prepend(values, v)
 
 
 # --- positional heads ------------------------------------------------------------------------------------------

@@ -87,18 +87,143 @@ class WindowLayer(DynamicSlidingWindowLayer):
         return keys, values
 
 
+class LayerOfLayers(CacheLayerMixin):
+    """A cache layer made of other cache layers (`parts`): what transformers asks of the batch and the device is
+    passed on to each."""
+
+    parts: tuple[CacheLayerMixin, ...]
+
+    def _each(self, method: str, *args) -> None:
+        for part in self.parts:
+            getattr(part, method)(*args)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._each("reorder_cache", beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._each("batch_repeat_interleave", repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._each("batch_select_indices", indices)
+
+    def reset(self) -> None:
+        self._each("reset")
+
+    def offload(self) -> None:
+        self._each("offload")
+
+    def prefetch(self) -> None:
+        self._each("prefetch")
+
+
+class SinkWindowLayer(LayerOfLayers):
+    """Keeps the first `prefix_tokens` tokens (the attention sinks, and room for left padding before them) and a
+    `WindowLayer` of the tokens after them: what a local head with sinks reads, a constant size at any context.
+
+    `update` returns the kept prefix followed by the window's tokens, in order: every token while the window has
+    not yet slid past the prefix, then the first and the last ones with a gap between. The mask transformers builds
+    spans every token (`get_mask_sizes` is a whole layer's), so the attention function finds each kept token's column
+    in it (`kept_columns`)."""
+
+    is_sliding = False  # the mask must reach back to the first tokens
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, sink_tokens: int, sliding_window: int):
+        self.sink_tokens = self.prefix_tokens = sink_tokens
+        self.prefix, self.window = DynamicLayer(), WindowLayer(sliding_window=sliding_window)
+        self.parts = (self.prefix, self.window)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(prefix_tokens={self.prefix_tokens}, window={self.window.sliding_window})"
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.prefix.is_initialized
+
+    @property
+    def record_past(self) -> bool:
+        return self.window.record_past
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return torch.cat([self.prefix.keys, self.window.keys], dim=-2)
+
+    @property
+    def values(self) -> torch.Tensor:
+        return torch.cat([self.prefix.values, self.window.values], dim=-2)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        for part in self.parts:
+            part.lazy_initialization(key_states, value_states)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        to_prefix = max(0, min(key_states.shape[-2], self.prefix_tokens - self.prefix.get_seq_length()))
+        if to_prefix:
+            self.prefix.update(key_states[..., :to_prefix, :], value_states[..., :to_prefix, :])
+        keys, values = self.window.keys, self.window.values
+        if to_prefix < key_states.shape[-2]:
+            keys, values = self.window.update(key_states[..., to_prefix:, :], value_states[..., to_prefix:, :])
+        return torch.cat([self.prefix.keys, keys], dim=-2), torch.cat([self.prefix.values, values], dim=-2)
+
+    def kept_columns(self, num_queries: int) -> tuple[int, int]:
+        """How many of the tokens `update` just returned for `num_queries` queries are the first ones, and how many
+        the last ones."""
+        first = self.prefix.get_seq_length()
+        return first, min(self.get_seq_length() - first, self.window.sliding_window - 1 + num_queries)
+
+    def has_gap(self, num_queries: int) -> bool:
+        """Whether tokens lie between the first ones `update` returned and the last ones."""
+        return sum(self.kept_columns(num_queries)) < self.get_seq_length()
+
+    def kept_indices(self, num_queries: int, device: torch.device) -> torch.Tensor:
+        """(S,) the index of every token `update` returned, counted from the first token."""
+        first, last = self.kept_columns(num_queries)
+        seen = self.get_seq_length()
+        return torch.cat([torch.arange(first, device=device), torch.arange(seen - last, seen, device=device)])
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.prefix.get_seq_length() + self.window.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def activate_past_recording(self, **kwargs) -> None:
+        self.window.activate_past_recording()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the last `-tokens_to_remove` tokens, from the window first (transformers' convention; a positive value,
+        its older one, is the length to keep). 0 trims what the window recorded for a rollback."""
+        seen = self.get_seq_length()
+        remove = -tokens_to_remove if tokens_to_remove <= 0 else max(0, seen - tokens_to_remove)
+        from_window = min(remove, self.window.get_seq_length())
+        self.window.crop(-from_window)
+        if remove > from_window:
+            self.prefix.crop(from_window - remove)
+
+
+
 def kind_layer(
     kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None, model_window: int | None = None
 ) -> CacheLayerMixin:
     """The transformers layer that keeps what `kind` needs: dynamic, or static when `max_cache_len` is given. Its
     window counts the current token, as transformers' `sliding_window` does: the kind's k + 1, or the model's own
-    where that is shorter."""
+    where that is shorter. A kind with sinks keeps them too, apart from its window (where the model's own window
+    does not hide them); a static cache keeps every token for it, in slots its mask places."""
     window = kind.window(config)  # past tokens the kind's queries see
+    sinks = kind.sinks(config) if model_window is None else 0
     if model_window is not None:
         window = model_window - 1 if window is None else min(window, model_window - 1)
     if max_cache_len is None:
-        return AppendingLayer() if window is None else WindowLayer(sliding_window=window + 1)
-    if window is None:
+        if window is None:
+            return AppendingLayer()
+        return SinkWindowLayer(sinks, window + 1) if sinks else WindowLayer(sliding_window=window + 1)
+    if window is None or sinks:
         return StaticLayer(max_cache_len=max_cache_len)
     return StaticSlidingWindowLayer(max_cache_len=max_cache_len, sliding_window=window + 1)
 
@@ -113,7 +238,7 @@ def model_window(config, layer_idx: int) -> int | None:
     return window
 
 
-class HeadKindLayer(CacheLayerMixin):
+class HeadKindLayer(LayerOfLayers):
     """One decoder layer's cache: a transformers cache layer per head kind present (`by_kind`), tensors
     (B, H_kind, tokens, D). Everything transformers asks of a layer is passed on to each of them.
 
@@ -125,6 +250,7 @@ class HeadKindLayer(CacheLayerMixin):
         self.layout = layout
         window = model_window(config, layer_idx)
         self.by_kind = {kind.name: kind_layer(kind, config, max_cache_len, window) for kind in kinds_in(layout)}
+        self.parts = tuple(self.by_kind.values())
         self.caches_keys = {kind.name: "keys" in kind.cached for kind in kinds_in(layout)}
 
     def __repr__(self) -> str:
@@ -136,17 +262,23 @@ class HeadKindLayer(CacheLayerMixin):
 
     def update_kind(self, kind: HeadKind, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Stores the new tokens of `kind`'s heads; returns the keys and values its queries see, and the index (in
-        tokens since the start) of the first of them: transformers' `kv_offset`, 0 unless a window has slid."""
+        tokens since the start) of the first of them: transformers' `kv_offset`, 0 unless a window has slid. Sinks
+        kept apart from a window that has moved on return every key's index instead, a (S,) tensor."""
         layer = self.by_kind[kind.name]
-        _, key_start = layer.get_mask_sizes(keys.shape[-2])
+        num_queries = keys.shape[-2]
+        _, key_start = layer.get_mask_sizes(num_queries)
         if not self.caches_keys[kind.name]:
             keys = keys[..., :0]  # positional heads take their keys from positions
-        return *layer.update(keys, values), key_start
+        keys, values = layer.update(keys, values)
+        if isinstance(layer, SinkWindowLayer) and layer.has_gap(num_queries):
+            key_start = layer.kept_indices(num_queries, keys.device)
+        return keys, values, key_start
 
     def is_contiguous(self, kind: HeadKind) -> bool:
-        """Whether `update_kind` returns exactly the tokens from its `key_start` to the newest (dynamic layers), not
-        a fixed number of slots, some of them empty (static layers)."""
-        return not isinstance(self.by_kind[kind.name], StaticLayer)
+        """Whether the last `update_kind` returned exactly the tokens from its `key_start` to the newest, not a fixed
+        number of slots, some of them empty (static layers), nor sinks apart from their window."""
+        layer = self.by_kind[kind.name]
+        return not isinstance(layer, StaticLayer) and not (isinstance(layer, SinkWindowLayer) and layer.has_gap(0))
 
     # --- transformers' layer interface --------------------------------------------------------------------------
 
@@ -210,10 +342,6 @@ class HeadKindLayer(CacheLayerMixin):
             if what == "values" or self.caches_keys[name]
         }
 
-    def _each(self, method: str, *args) -> None:
-        for layer in self.by_kind.values():
-            getattr(layer, method)(*args)
-
     def activate_past_recording(self, **kwargs) -> None:
         """Every kind keeps what `crop` may need again. `Cache` passes options meant for linear-attention layers
         (transformers >= 5.25: `recurrent_states_to_keep`); attention kinds keep no recurrent state, so none apply."""
@@ -224,23 +352,12 @@ class HeadKindLayer(CacheLayerMixin):
     def crop(self, tokens_to_remove: int) -> None:
         self._each("crop", tokens_to_remove)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._each("reorder_cache", beam_idx)
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._each("batch_repeat_interleave", repeats)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._each("batch_select_indices", indices)
-
-    def reset(self) -> None:
-        self._each("reset")
-
-    def offload(self) -> None:
-        self._each("offload")
-
-    def prefetch(self) -> None:
-        self._each("prefetch")
+def left_padding(attention_mask: torch.Tensor | None) -> int:
+    """The most padding tokens before any row's first real one, in a (B, T) mask; 0 for none or a whole 4D mask."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return 0
+    return int((attention_mask.cumsum(-1) == 0).sum(-1).max())
 
 
 class HfAttnCache(Cache):
@@ -252,6 +369,21 @@ class HfAttnCache(Cache):
         layers = len(config.kv_head_layout)
         super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(layers)])
 
+    def sink_layers(self) -> list[SinkWindowLayer]:
+        return [kind for layer in self.layers for kind in layer.by_kind.values() if isinstance(kind, SinkWindowLayer)]
+
+    def make_room_for_padding(self, attention_mask: torch.Tensor | None) -> None:
+        """Before the first token: local heads with sinks keep the left padding before them too (their sinks are
+        each row's first real tokens)."""
+        layers = self.sink_layers()
+        padding = left_padding(attention_mask) if layers else 0  # reads the mask on the host: only where it serves
+        for layer in layers:
+            layer.prefix_tokens = max(layer.prefix_tokens, layer.sink_tokens + padding)
+
+    def first_tokens_kept(self) -> int:
+        """How many first tokens local heads with sinks keep (0 for none)."""
+        return max((layer.prefix_tokens for layer in self.sink_layers()), default=0)
+
     def memory_bytes(self) -> int:
         """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's size."""
         storages = {
@@ -262,4 +394,4 @@ class HfAttnCache(Cache):
         return sum(storages.values())
 
 
-__all__ = ["HfAttnCache", "HeadKindLayer", "AppendingLayer", "WindowLayer", "kind_layer"]
+__all__ = ["HfAttnCache", "HeadKindLayer", "AppendingLayer", "WindowLayer", "SinkWindowLayer", "kind_layer"]

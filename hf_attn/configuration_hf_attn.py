@@ -55,6 +55,10 @@ class HfAttnConfig(GPT2Config):
         k, the number of positions BEFORE the query that a local head sees (Paper B's k-local). Whether the query
         also sees itself is `attend_to_self`, so an inclusive 1-local head sees 2 positions. This is not
         transformers' `sliding_window`, which counts the current token.
+    sink_tokens (`int`, *optional*, defaults to 0):
+        How many first tokens of the sequence (the first real ones under left padding) a local head sees besides
+        its window: attention sinks (StreamingLLM, Xiao et al. 2023), where pretrained heads park attention they do
+        not spend. The decoding cache keeps them beside the window. Paper B's local heads have none.
     attend_to_self (`bool`, *optional*):
         Inclusive masks (GPT-2's: a token sees itself) when True, strict masks (Paper B: it never does) when False.
         Defaults to the preset's: strict for `local_gpt2` and `hybrid_gpt2`, inclusive for `positional_gpt2`.
@@ -132,6 +136,7 @@ class HfAttnConfig(GPT2Config):
 
     head_layout: list[list[str]] | None = None
     local_window: int = 1
+    sink_tokens: int = 0
     attend_to_self: bool | None = None
     is_causal: bool = True
     position_embedding_type: str = "learned"
@@ -272,6 +277,11 @@ class HfAttnConfig(GPT2Config):
             raise ValueError(
                 f"`local_window` must be an integer >= 1 (the number of previous positions a local head sees), "
                 f"got {self.local_window!r}."
+            )
+        if not isinstance(self.sink_tokens, int) or isinstance(self.sink_tokens, bool) or self.sink_tokens < 0:
+            raise ValueError(
+                f"`sink_tokens` must be an integer >= 0 (the first tokens a local head sees besides its window), "
+                f"got {self.sink_tokens!r}."
             )
 
     def validate_choices(self):

@@ -56,6 +56,7 @@ class HeadKind:
     kernel_field: str | None = None  # the config field choosing among `kernels`; None when there is one kernel
     kernel_with_weights: Callable | None = None  # also returns the (B|1, H, T, S) weights
     window_field: str | None = None  # the config field bounding how far a query sees, and how much is cached
+    sink_field: str | None = None  # the config field naming how many first tokens a query sees besides its window
     config_fields: tuple[str, ...] = ()  # the config fields that shape what this kind alone computes
     # Its name in transformers' `AttentionInterface`, where its kernels are registered (see `attention_function`);
     # None for global heads, whose kernel is transformers' own choice, `attn_implementation`.
@@ -91,8 +92,12 @@ class HeadKind:
         keeps as many past tokens."""
         return getattr(config, self.window_field) if self.window_field else None
 
+    def sinks(self, config: HfAttnConfig) -> int:
+        """How many first tokens of the sequence a query sees besides its window (and the cache keeps)."""
+        return getattr(config, self.sink_field, 0) if self.sink_field else 0
+
     def visibility(self, config: HfAttnConfig) -> Visibility:
-        return Visibility(config.is_causal, config.attend_to_self, self.window(config))
+        return Visibility(config.is_causal, config.attend_to_self, self.window(config), self.sinks(config))
 
     def describe(self, config: HfAttnConfig) -> str:
         """What each of its heads does, for the model card."""
@@ -110,7 +115,11 @@ def visible_keys(visibility: Visibility) -> str:
         seen = "the previous position" if k == 1 else f"the {k} previous positions"
     else:
         seen = "the nearest position on each side" if k == 1 else f"the {k} nearest positions on each side"
-    return f"{seen} and itself" if visibility.attend_to_self else seen
+    seen = f"{seen} and itself" if visibility.attend_to_self else seen
+    if visibility.sink_tokens:
+        first = "token" if visibility.sink_tokens == 1 else f"{visibility.sink_tokens} tokens"
+        seen = f"{seen}, and the first {first} of the sequence (attention sinks)"
+    return seen
 
 
 GLOBAL = HeadKind(
@@ -130,7 +139,8 @@ LOCAL = HeadKind(
     kernel_with_weights=masked_attention_with_weights,  # differentiable: the banded kernel's weights are not
     cached=("keys", "values"),  # the last `local_window` only: a k-local head never looks further back
     window_field="local_window",
-    config_fields=("local_window",),
+    sink_field="sink_tokens",
+    config_fields=("local_window", "sink_tokens"),
     interface_name="hf_attn_local",
     summary="each query attends by content to {visible} only",
 )

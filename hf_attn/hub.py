@@ -23,8 +23,9 @@ import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from .attention_hf_attn import Visibility
 from .configuration_hf_attn import HfAttnConfig
-from .head_kinds_hf_attn import HeadKind, kinds_in
+from .head_kinds_hf_attn import HeadKind, kinds_in, visible_keys
 from .hybrid import HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
 
@@ -196,12 +197,11 @@ def hybrid_layout_section(config) -> str:
         kept = config.kv_head_layout[int(layers.split("-")[0])]  # the same in every layer of the run
         counts = (layer.count("global"), layer.count("local"), kept.count("global"), kept.count("local"))
         rows.append(f"| {layers} | " + " | ".join(map(str, counts)) + " |")
-    seen = "the previous token" if config.local_window == 1 else f"the {config.local_window} previous tokens"
-    itself = " and itself" if config.attend_to_self else " (never itself)"
+    seen = visible_keys(Visibility(True, config.attend_to_self, config.local_window, config.sink_tokens))
     ours, original = cache_bytes_per_token(config), original_cache_bytes_per_token(config)
     return "\n".join([
         f"Global heads attend as in the original `{config.model_type.removeprefix('hf_attn_')}` model; local heads see "
-        f"only {seen}{itself} (`local_window` = {config.local_window}).", "",
+        f"only {seen} (`local_window` = {config.local_window}, `sink_tokens` = {config.sink_tokens}).", "",
         "| layers | global heads | local heads | key/value heads kept whole | key/value heads kept as a window |",
         "|---|---|---|---|---|", *rows, "",
         "A key/value head is kept whole when a global query head reads it (grouped-query attention), else only its "

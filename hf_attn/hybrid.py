@@ -6,11 +6,12 @@ config becomes a registered `hf_attn_<family>` type (the family's config plus `h
 `AttentionInterface`, which splits each layer's query heads by kind:
 
 - global heads attend as the model always did (SDPA over the mask transformers built);
-- local heads see only the `local_window` previous tokens (and themselves, with `attend_to_self`).
+- local heads see only the `local_window` previous tokens (and themselves, with `attend_to_self`), and the first
+  `sink_tokens` tokens of the sequence (attention sinks).
 
 With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
-key/value head that some global query head reads, and only the last `local_window` tokens of one that only local
-heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
+key/value head that some global query head reads, and only the sinks and the last `local_window` tokens of one that
+only local heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
 `cache_implementation="static"` makes, or one a user passes): it keeps what it would for the unmodified model, and
 local heads find their window in the mask transformers builds for it. A model saved after `hybridize` loads with
 `AutoModelForCausalLM` once hf_attn is imported.
@@ -27,14 +28,25 @@ from transformers import GPT2Config, LlamaConfig, MistralConfig, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .attention_hf_attn import Visibility, global_attention, local_attention, masked_weights, visibility_mask
-from .cache_hf_attn import HfAttnCache
+from .attention_hf_attn import (
+    Visibility,
+    global_attention,
+    local_attention,
+    local_visible,
+    masked_sdpa,
+    masked_weights,
+    visibility_mask,
+)
+from .cache_hf_attn import HfAttnCache, model_window
 from .modeling_hf_attn import CardSharing
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
 # The keyword argument that asks `hybrid_attention` for its weights: the families pass unknown keyword arguments down
 # to the attention function, but GPT-2 drops `output_attentions` on the way.
 RETURN_WEIGHTS = "hf_attn_return_weights"
+# The keyword argument telling `hybrid_attention` how many first tokens an `HfAttnCache` keeps for local heads with
+# sinks: the sinks, and the left padding before them.
+SINK_PREFIX = "hf_attn_sink_prefix"
 KINDS = ("global", "local")
 # Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
 # mask rather than the banded kernel's pass per key offset.
@@ -72,8 +84,10 @@ class LayerHeads:
     key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it. Everything is worked
     out once, here, into plain attributes, which graph capture reads as constants."""
 
-    def __init__(self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool):
-        self.kinds, self.local_window = tuple(kinds), local_window
+    def __init__(
+        self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool, sink_tokens: int
+    ):
+        self.kinds, self.local_window, self.sink_tokens = tuple(kinds), local_window, sink_tokens
         group_size = len(self.kinds) // num_key_value_heads
         groups = [self.kinds[g * group_size : (g + 1) * group_size] for g in range(num_key_value_heads)]
         # Per key/value head: "global" (every token kept) when a global query head reads it, else "local".
@@ -91,13 +105,17 @@ class LayerHeads:
         # The permutation that puts outputs computed kind by kind back in head order.
         computed = [h for heads in self.heads.values() for h in heads]
         self.order = sorted(range(len(computed)), key=computed.__getitem__)
-        # What a local head sees: the `local_window` previous tokens, and itself with `attend_to_self`.
-        self.visibility = Visibility(is_causal=True, attend_to_self=attend_to_self, local_window=local_window)
+        # What a local head sees: the `local_window` previous tokens, itself with `attend_to_self`, and the first
+        # `sink_tokens`.
+        self.visibility = Visibility(True, attend_to_self, local_window, sink_tokens)
 
 
 def layer_heads(config, layer_idx: int) -> LayerHeads:
+    """A layer's heads. Where the model's own architecture slides a window over the layer (Mistral, Gemma 3's
+    sliding layers), its mask hides the first tokens from every head: local heads get no sinks there."""
+    sinks = config.sink_tokens if model_window(config, layer_idx) is None else 0
     return LayerHeads(config.head_layout[layer_idx], num_key_value_heads(config), config.local_window,
-                      config.attend_to_self)  # fmt: skip
+                      config.attend_to_self, sinks)  # fmt: skip
 
 
 def num_key_value_heads(config) -> int:
@@ -128,7 +146,10 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     outputs = []
     if "global" in heads.heads:
         outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
-    if newest_last:
+    if newest_last and heads.sink_tokens:
+        prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
+        outputs.append(local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix))
+    elif newest_last:
         outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
     else:
         outputs.append(local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout))
@@ -170,6 +191,38 @@ def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tens
     return window if attention_mask is None else attention_mask[..., -num_keys:].bool() & window
 
 
+def local_heads_with_sinks(
+    query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float, prefix: int
+) -> torch.Tensor:
+    """(B, H_local, T, D): the local heads over the first `prefix` tokens (the sinks, after any left padding) and the
+    newest T + `local_window`, all a query can see: what an `HfAttnCache` keeps for them, taken alike from a key/value
+    head kept whole. A whole sequence without a mask goes to the chunked kernel, O(T * (k + s)); otherwise the window
+    and the sinks are counted along the mask (or causal order) over those keys."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    num_queries = query.shape[-2]
+    lengths = [keys[kind].shape[-2] for kind, _ in sources]
+    if attention_mask is None and max(lengths) == num_queries:
+        k, v = per_head(keys, sources), per_head(values, sources)
+        return local_attention(query, k, v, heads.visibility, None, scaling, dropout)
+    first = min(prefix, *lengths)
+    last = min(num_queries + heads.local_window, *(length - first for length in lengths))
+    kept_keys, kept_values = ({kind: first_and_last(x, first, last) for kind, x in states.items()}
+                              for states in (keys, values))  # fmt: skip
+    k, v = per_head(kept_keys, sources), per_head(kept_values, sources)
+    if attention_mask is None:  # causal order: the kept keys as if in a row, which keeps every distance that matters
+        visible = visibility_mask(heads.visibility, num_queries, None, first + last, query.device)
+    else:
+        visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+    return masked_sdpa(query, k, v, visible, scaling, dropout)
+
+
+def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> torch.Tensor:
+    """The `first` entries of `x` along `dim` and its `last` ones: one piece when they meet."""
+    if first + last >= x.shape[dim]:
+        return x
+    return torch.cat([x.narrow(dim, 0, first), x.narrow(dim, x.shape[dim] - last, last)], dim=dim)
+
+
 def local_heads_by_mask(
     query, keys: dict, values: dict, attention_mask: torch.Tensor, heads: LayerHeads, scaling: float, dropout: float
 ) -> torch.Tensor:
@@ -177,7 +230,7 @@ def local_heads_by_mask(
     `local_window` keys nearest before it among those the mask lets it see (and itself with `attend_to_self`)."""
     query, sources = query[:, heads.heads["local"]], heads.sources["local"]
     k, v = per_head(keys, sources), per_head(values, sources)
-    mask = nearest_visible(attention_mask, heads.visibility)
+    mask = local_visible(attention_mask, heads.visibility)
     return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
 
 
@@ -193,7 +246,7 @@ def attention_with_weights(
     visible = attention_mask.bool()
     k, v = (per_head(left_padded(states, num_keys), heads.every_source) for states in (keys, values))
     is_local = torch.tensor([kind == "local" for kind in heads.kinds], device=query.device)[:, None, None]
-    mask = torch.where(is_local, nearest_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
+    mask = torch.where(is_local, local_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
     weights = masked_weights(query, k, mask, scaling)
     out = torch.matmul(torch.nn.functional.dropout(weights, dropout), v)
     return out.transpose(1, 2), weights
@@ -202,18 +255,6 @@ def attention_with_weights(
 def left_padded(states: dict, num_keys: int) -> dict:
     """Each kind's (B, H_kv, S_kind, D) states padded with zeros on the left to `num_keys`: its newest last."""
     return {kind: torch.nn.functional.pad(x, (0, 0, num_keys - x.shape[-2], 0)) for kind, x in states.items()}
-
-
-def nearest_visible(attention_mask: torch.Tensor, visibility: Visibility) -> torch.Tensor:
-    """(B|1, 1, T, S) bool: of the keys a query may see, those within `local_window` of it, counted along the mask
-    from the query itself, the last key it sees. Needs no key's index or position, so it holds for a static cache's
-    slots, a sliding window's, left padding and packed sequences alike."""
-    visible = attention_mask.bool()
-    rank = visible.flip(-1).cumsum(-1).flip(-1)  # visible keys from here to the last: 1 at the query itself
-    nearest = rank <= visibility.local_window + 1
-    if not visibility.attend_to_self:
-        nearest = nearest & (rank > 1)
-    return visible & nearest
 
 
 def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
@@ -263,11 +304,17 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def cache_bytes_per_token(config, bytes_per_value: int = 2) -> int:
+def cache_bytes_per_token(config, bytes_per_value: int = 2, context_tokens: int | None = None) -> float:
     """What the cache grows by per token at long context: keys and values of the key/value heads kept whole, in every
-    layer (the windows of local ones stay `local_window` tokens long). 2 bytes a value: bfloat16 and float16."""
-    whole = sum(layer.count("global") for layer in config.kv_head_layout)
-    return 2 * whole * head_dim(config) * bytes_per_value
+    layer (local ones keep `local_window` + `sink_tokens` tokens whatever the context). With `context_tokens`, what it
+    holds at that context per token, local heads' windows and sinks counted. 2 bytes a value: bfloat16 and float16."""
+    kinds = [kind for layer in config.kv_head_layout for kind in layer]
+    per_head_and_token = 2 * head_dim(config) * bytes_per_value  # a key and a value
+    if context_tokens is None:
+        return kinds.count("global") * per_head_and_token
+    local_tokens = min(context_tokens, config.local_window + config.sink_tokens)
+    held = kinds.count("global") * context_tokens + kinds.count("local") * local_tokens
+    return held * per_head_and_token / context_tokens
 
 
 def original_cache_bytes_per_token(config, bytes_per_value: int = 2) -> int:
@@ -288,6 +335,9 @@ def layout_problems(config) -> list[str]:
     if not isinstance(config.local_window, int) or config.local_window < 1:
         problems.append(f"`local_window` must be an int >= 1 (the previous tokens a local head sees), got "
                         f"{config.local_window!r}")  # fmt: skip
+    if not isinstance(config.sink_tokens, int) or isinstance(config.sink_tokens, bool) or config.sink_tokens < 0:
+        problems.append(f"`sink_tokens` must be an int >= 0 (the first tokens a local head sees besides its window), "
+                        f"got {config.sink_tokens!r}")  # fmt: skip
     if heads % num_key_value_heads(config):
         problems.append(f"`num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` "
                         f"({num_key_value_heads(config)})")  # fmt: skip
@@ -355,7 +405,11 @@ def hybrid_forward(family_forward: Callable) -> Callable:
                 "model transformers' `StaticCache` (what `cache_implementation='static'` makes) or a dynamic cache."
             )
         if use_cache and len(args) <= 1 and given is None:
-            kwargs["cache"] = HfAttnCache(self.config)
+            kwargs["cache"] = given = HfAttnCache(self.config)
+        if isinstance(given, HfAttnCache) and self.config.sink_tokens:
+            if given.get_seq_length() == 0:
+                given.make_room_for_padding(kwargs.get("attention_mask"))
+            kwargs[SINK_PREFIX] = given.first_tokens_kept()
         return family_forward(self, *args, **kwargs)
 
     return forward
@@ -376,10 +430,12 @@ def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]
         "__module__": __name__,
         "__doc__": f"`{config_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
         "model_type": f"hf_attn_{family}",
-        "__annotations__": {"head_layout": "list[list[str]] | None", "local_window": "int", "attend_to_self": "bool"},
+        "__annotations__": {"head_layout": "list[list[str]] | None", "local_window": "int", "attend_to_self": "bool",
+                            "sink_tokens": "int"},
         "head_layout": None,
         "local_window": 1,
         "attend_to_self": True,
+        "sink_tokens": 0,
     })  # fmt: skip
     models = {
         auto_name: type(
@@ -416,6 +472,7 @@ def hybridize(
     num_local_heads: int | Sequence[int] | None = None,
     local_window: int = 1,
     attend_to_self: bool = True,
+    sink_tokens: int = 0,
 ) -> PreTrainedModel:
     """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral or GPT-2 model: the base model or one with a causal LM,
     sequence or token classification or question answering head; or one hybridized before) a kind per query head, in
@@ -425,7 +482,11 @@ def hybridize(
     last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole
     key/value groups turn local and the cache keeps only their last `local_window` tokens. Neither: every head stays
     global and the model computes exactly what it did. `attend_to_self=True` (the default) lets a local head see its
-    own token as well, as pretrained heads were trained to.
+    own token as well, as pretrained heads were trained to. `sink_tokens` = s lets every local head also see the first
+    s tokens of its sequence (the first real ones under left padding), as StreamingLLM's and DuoAttention's streaming
+    heads do: pretrained heads park attention on the first tokens, and a local head without them loses that place
+    (SmolLM2-135M with half its key/value groups 64-local: WikiText-2 perplexity 108 without sinks, 32 with 4). The
+    cache keeps s + `local_window` tokens of a key/value head that only local heads read.
     """
     family = family_of(model.config)
     config_class, model_classes = HYBRID_TYPES[family]
@@ -436,7 +497,8 @@ def hybridize(
     if num_local_heads is not None:
         head_layout = last_heads_local(num_local_heads, layers, heads)
     fields = {key: value for key, value in model.config.to_dict().items() if key not in ("model_type", "architectures")}
-    fields.update(head_layout=head_layout, local_window=local_window, attend_to_self=attend_to_self)
+    fields.update(head_layout=head_layout, local_window=local_window, attend_to_self=attend_to_self,
+                  sink_tokens=sink_tokens)  # fmt: skip
     config = config_class(**fields)
     config._attn_implementation = HYBRID_ATTENTION
     old_config = model.config

@@ -61,17 +61,23 @@ class AttentionInputs:
         return self.memo[key]
 
     def whole_mask(self, visibility: Visibility, key_start, num_slots: int, num_queries: int, contiguous: bool):
-        """(B|1, 1, T, S) bool: who sees whom among the queries and the keys at absolute indices `key_start` on."""
+        """(B|1, 1, T, S) bool: who sees whom among the queries and the keys at absolute indices `key_start` on (or
+        at the indices `key_start` lists: sinks kept apart from their window)."""
         device = self.key_positions.device
-        key_index = key_start + torch.arange(num_slots, device=device)
+        key_index = key_indices(key_start, num_slots, device)
         query_index = self.past_length + torch.arange(num_queries, device=device)
-        if self.pair_mask is not None and visibility.local_window is not None:
+        if visibility.local_window is not None and (self.pair_mask is not None or visibility.sink_tokens):
             # Under a custom mask or packed documents index and position part ways (a shared prefix, a restart):
-            # a local head sees the k previous positions, as it would in the sequences the mask stands for.
-            unwindowed = Visibility(visibility.is_causal, visibility.attend_to_self)
-            mask = unwindowed.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
-            key_positions = self.positions_at(key_start, num_slots, contiguous)
-            near = window_overlay(visibility.local_window)(self.query_positions[:, :, None], key_positions[:, None])
+            # a local head sees the k previous positions, as it would in the sequences the mask stands for. Its
+            # sinks are the first positions: each row's first real tokens under padding.
+            mask = visibility.unwindowed.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1,1,T,S)
+            key_positions = self.positions_at(key_start, num_slots, contiguous)  # (B|1, S)
+            if self.pair_mask is not None:
+                near = window_overlay(visibility.local_window)(self.query_positions[:, :, None], key_positions[:, None])
+            else:
+                near = window_overlay(visibility.local_window)(query_index[:, None], key_index[None, :])[None]
+            if visibility.sink_tokens:
+                near = near | (key_positions < visibility.sink_tokens)[:, None, :]
             mask = mask & near[:, None]
         else:
             mask = visibility.predicate(query_index[:, None], key_index[None, :])[None, None]  # (1, 1, T, S)
@@ -93,11 +99,18 @@ class AttentionInputs:
         return self.memo[key]
 
     def positions_at(self, key_start, num_slots: int, contiguous: bool) -> torch.Tensor:
-        """(B|1, S) positions of the keys at absolute indices `key_start` onwards."""
+        """(B|1, S) positions of the keys at absolute indices `key_start` onwards (or at those it lists)."""
         if contiguous:
             return self.key_positions[:, -num_slots:]
-        key_index = key_start + torch.arange(num_slots, device=self.key_positions.device)
+        key_index = key_indices(key_start, num_slots, self.key_positions.device)
         return self.key_positions[:, _columns(key_index, self.key_positions.shape[-1])[0]]
+
+
+def key_indices(key_start, num_slots: int, device: torch.device) -> torch.Tensor:
+    """(S,) absolute indices of `num_slots` keys from `key_start` on; `key_start` may list them already."""
+    if isinstance(key_start, torch.Tensor) and key_start.dim() == 1:
+        return key_start
+    return key_start + torch.arange(num_slots, device=device)
 
 
 def _columns(key_index: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,8 +408,14 @@ class HfAttnAttention(nn.Module):
         return kind.attention_function()(self, q, k, v, key_mask, scaling=scale, dropout=dropout)[0].transpose(1, 2)
 
     def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
-        k, v, _, _, key_mask = self.cached(kind, k, v, q.shape[-2], inputs, cache_layer)
+        k, v, key_start, _, key_mask = self.cached(kind, k, v, q.shape[-2], inputs, cache_layer)
         visibility = self.visibility[kind.name]
+        if output_attentions and isinstance(key_start, torch.Tensor) and key_start.dim() == 1:
+            raise ValueError(
+                "`output_attentions=True` while decoding past the window of local heads with sinks (`sink_tokens`) "
+                "is not supported: the cache no longer holds the keys between them. Recompute the whole sequence "
+                "with `use_cache=False` to get the weights."
+            )
         if output_attentions:
             return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v
         return self.attend(kind, q, k, v, key_mask, self.scale, dropout), None, v

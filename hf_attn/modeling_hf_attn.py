@@ -433,6 +433,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
         past_length = cache.get_seq_length() if cache is not None else 0
         if isinstance(past_length, torch.Tensor):  # a static layer's own counter, which its updates move in place
             past_length = past_length.clone()
+        elif past_length == 0 and cache is not None:
+            cache.make_room_for_padding(attention_mask)
         static = cache is not None and cache.is_compileable
         if static and output_attentions:
             raise ValueError("`output_attentions` is not supported with a static cache; use the default cache.")

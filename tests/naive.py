@@ -19,8 +19,9 @@ def visible_keys(query: int, num_keys: int, is_causal: bool, attend_to_self: boo
     return keys
 
 
-def naive_attention(q, k, v, is_causal, attend_to_self, local_window=None, key_mask=None, scale=None):
-    """Loops over batch, head and query; a query with no visible key outputs zeros (Paper B).
+def naive_attention(q, k, v, is_causal, attend_to_self, local_window=None, key_mask=None, scale=None, sink_tokens=0):
+    """Loops over batch, head and query; a query with no visible key outputs zeros (Paper B). With `sink_tokens` a
+    local query also sees the first `sink_tokens` real keys of its row (attention sinks) where its mask allows.
 
     Returns the output (B, H, T, D) and the full weights (B, H, T, S).
     """
@@ -33,6 +34,10 @@ def naive_attention(q, k, v, is_causal, attend_to_self, local_window=None, key_m
         for i in range(num_queries):
             query = i + num_keys - num_queries
             keys = visible_keys(query, num_keys, is_causal, attend_to_self, local_window)
+            if sink_tokens:
+                real = [j for j in range(num_keys) if key_mask is None or key_mask[b, j]]
+                allowed = visible_keys(query, num_keys, is_causal, attend_to_self, None)
+                keys = sorted(set(keys) | {j for j in real[:sink_tokens] if j in allowed})
             if key_mask is not None:
                 keys = [j for j in keys if key_mask[b, j]]
             if not keys:

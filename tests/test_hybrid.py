@@ -40,8 +40,8 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
-from hf_attn.attention_hf_attn import Visibility
-from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA, nearest_visible
+from hf_attn.attention_hf_attn import Visibility, local_visible
+from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
 
 VOCAB = 97
 NO_SPECIAL_TOKENS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -314,7 +314,7 @@ def test_local_heads_count_their_window_along_the_mask():
         for b, t in itertools.product(range(3), range(5)):
             seen = mask[b, 0, t].nonzero().flatten().tolist()
             expected[b, 0, t, seen[-3:] if attend_to_self else seen[-3:-1]] = True
-        assert torch.equal(nearest_visible(mask, Visibility(True, attend_to_self, local_window=2)), expected)
+        assert torch.equal(local_visible(mask, Visibility(True, attend_to_self, local_window=2)), expected)
 
 
 def test_compiled_decoding_with_a_static_cache_equals_eager():

@@ -1,0 +1,279 @@
+"""Attention sinks: local heads that also see the first `sink_tokens` tokens of their sequence, in hybridized models
+(`hybridize(..., sink_tokens=S)`) and in hf_attn's own models (`sink_tokens` in the config).
+
+References: `naive_attention` (tests/naive.py), which picks each query's keys from the definitions by plain loops, and
+recomputing the whole sequence without a cache.
+"""
+
+import json
+
+import pytest
+import torch
+from naive import naive_attention
+from test_hybrid import LAYOUT, batch, greedy_by_recomputing, tiny
+from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+from hf_attn import HfAttnCache, hybridize
+from hf_attn.attention_hf_attn import Visibility, local_attention
+from hf_attn.cache_hf_attn import SinkWindowLayer
+from hf_attn.head_kinds_hf_attn import HEAD_KINDS
+from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
+
+SINKS, WINDOW = 3, 2
+
+# --- the kernel --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_queries", [40, 3])  # a whole sequence (chunked kernel), a few queries past a cache
+@pytest.mark.parametrize("local_window", [1, 2, 16])
+@pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("padded", [False, True])
+def test_local_attention_with_sinks_equals_the_naive_reference(num_queries, local_window, is_causal, attend_to_self,
+                                                               padded):  # fmt: skip
+    torch.manual_seed(0)
+    num_keys = 40
+    q = torch.randn(2, 3, num_queries, 8)
+    k, v = torch.randn(2, 3, num_keys, 8), torch.randn(2, 3, num_keys, 8)
+    key_mask = torch.ones(2, num_keys, dtype=torch.bool)
+    if padded:
+        key_mask[0, :5] = False  # row 0's sinks are keys 5, 6, 7
+    visibility = Visibility(is_causal, attend_to_self, local_window, SINKS)
+    out = local_attention(q, k, v, visibility, key_mask if padded else None, scale=0.3)
+    expected, _ = naive_attention(q, k, v, is_causal, attend_to_self, local_window, key_mask if padded else None,
+                                  scale=0.3, sink_tokens=SINKS)  # fmt: skip
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sinks_change_what_a_local_head_computes_only_beyond_its_window():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 30, 8) for _ in range(3))
+    without = local_attention(q, k, v, Visibility(True, True, WINDOW), None, scale=0.3)
+    with_sinks = local_attention(q, k, v, Visibility(True, True, WINDOW, SINKS), None, scale=0.3)
+    within = slice(0, WINDOW + 1)  # queries whose window holds the sinks
+    torch.testing.assert_close(with_sinks[:, :, within], without[:, :, within], rtol=1e-6, atol=1e-6)
+    assert (with_sinks[:, :, WINDOW + 1 :] - without[:, :, WINDOW + 1 :]).abs().amax(-1).min() > 1e-3
+
+
+# --- hybridized models -------------------------------------------------------------------------------------------
+
+NAIVE_SINKS = "hf_attn_test_naive_sinks"
+
+
+def naive_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Every query head through `naive_attention`: global heads see every earlier key, local heads their window and
+    the first `SINKS` real keys; padding from the mask's last row; query head h reads key/value head h // group."""
+    kinds = LAYOUT[module.layer_idx]
+    group = query.shape[1] // key.shape[1]
+    key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
+    outputs = []
+    for h, kind in enumerate(kinds):
+        local = kind == "local"
+        out, _ = naive_attention(
+            query[:, h : h + 1], key[:, h // group : h // group + 1], value[:, h // group : h // group + 1],
+            is_causal=True, attend_to_self=True, local_window=WINDOW if local else None, key_mask=key_mask,
+            scale=scaling, sink_tokens=SINKS if local else 0,
+        )  # fmt: skip
+        outputs.append(out.to(query.dtype))
+    return torch.cat(outputs, dim=1).transpose(1, 2), None
+
+
+AttentionInterface.register(NAIVE_SINKS, naive_sink_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAIVE_SINKS, sdpa_mask)
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+
+
+def with_sinks(family: str, layout=LAYOUT):
+    return hybridize(tiny(family), head_layout=layout, local_window=WINDOW, sink_tokens=SINKS)
+
+
+def positions_of(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_hybridized_local_heads_with_sinks_equal_the_naive_reference(family, padded):
+    """Layouts mixing whole and split key/value groups (grouped-query attention); left padding moves the sinks to
+    each row's first real tokens."""
+    model = tiny(family)
+    twin = tiny(family)
+    twin.set_attn_implementation(NAIVE_SINKS)
+    ids, mask = batch(length=24)
+    mask = mask if padded else torch.ones_like(mask)
+    expected = twin(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    got = with_sinks(family)(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    plain = hybridize(model, head_layout=LAYOUT, local_window=WINDOW)(ids, attention_mask=mask,
+                                                                      position_ids=positions_of(mask)).logits
+    assert (plain - expected)[:, -1].abs().max() > 1e-3  # the sinks matter here
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoding_with_sinks_gives_the_logits_of_the_whole_sequence(family, padded):
+    """Token by token past the point where the window leaves the sinks behind, from an `HfAttnCache` that keeps only
+    the sinks (and the padding before them) and the window of local key/value heads."""
+    model = with_sinks(family)
+    ids, mask = batch(length=26)
+    mask = mask if padded else torch.ones_like(mask)
+    positions = positions_of(mask)
+    expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    cache = HfAttnCache(model.config)
+    for start, end in [(0, 6), (6, 7), (7, 9), *((n, n + 1) for n in range(9, 26))]:
+        logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
+                       cache=cache).logits  # fmt: skip
+        torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_keeps_the_sinks_and_the_window_of_local_key_value_heads():
+    model = with_sinks("llama")  # layer 0: key/value head 0 global, head 1 local; layer 1: both read by a global head
+    ids, mask = batch(length=20)
+    out = model(ids, attention_mask=mask)
+    layer = out.past_key_values.layers[0]
+    assert type(layer.by_kind["local"]) is SinkWindowLayer
+    padding = 3  # row 0's: the sinks are each row's first real tokens, so the cache keeps 3 more first tokens
+    assert layer.by_kind["local"].keys.shape[-2] == padding + SINKS + WINDOW
+    assert layer.by_kind["global"].keys.shape[-2] == 20
+    assert set(out.past_key_values.layers[1].by_kind) == {"global"}
+
+
+def test_bytes_per_token_at_a_context_count_the_sinks_and_windows():
+    config = with_sinks("llama", layout=[["global"] * 4 + ["local"] * 4] * 2).config
+    whole = original_cache_bytes_per_token(config)
+    assert cache_bytes_per_token(config) == whole / 2  # one of two key/value heads a layer grows
+    per_head_token = whole / 4  # 2 layers x 2 key/value heads
+    context = 100
+    held = 2 * (context + SINKS + WINDOW) * per_head_token / context
+    assert cache_bytes_per_token(config, context_tokens=context) == pytest.approx(held)
+    assert cache_bytes_per_token(config, context_tokens=4) == whole  # a context within the window: nothing saved
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_generate_with_sinks_and_left_padding_equals_recomputing(family):
+    model = with_sinks(family)
+    ids, mask = batch(length=8)
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated, greedy_by_recomputing(model, ids, mask, 14))
+
+
+def test_static_cache_generate_with_sinks_equals_recomputing():
+    model = with_sinks("qwen2")
+    ids, mask = batch(length=8)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0,
+                         cache_implementation="static", return_dict_in_generate=True)  # fmt: skip
+    assert type(out.cache) is StaticCache
+    assert torch.equal(out.sequences, greedy_by_recomputing(model, ids, mask, 14))
+
+
+def test_assisted_decoding_crops_the_sink_cache_and_equals_greedy():
+    model = with_sinks("llama")
+    assistant = hybridize(tiny("llama", seed=1), num_local_heads=8, local_window=1, sink_tokens=2)
+    ids = batch(length=10)[0][1:]
+    options = dict(max_new_tokens=16, do_sample=False, pad_token_id=0)
+    greedy = model.generate(ids, **options)
+    assert torch.equal(model.generate(ids, assistant_model=assistant, **options), greedy)
+    assert torch.equal(model.generate(ids, prompt_lookup_num_tokens=3, **options), greedy)
+
+
+def test_sink_cache_crop_drops_the_newest_tokens_from_the_window_then_the_first_ones():
+    layer = SinkWindowLayer(sink_tokens=2, sliding_window=3)
+    layer.activate_past_recording()
+    tokens = torch.arange(7.0).view(1, 1, 7, 1)
+    layer.update(tokens, tokens)
+    layer.crop(-2)  # drops tokens 5, 6
+    assert layer.get_seq_length() == 5 and layer.keys.flatten().tolist() == [0, 1, 3, 4]
+    layer.crop(-4)  # the window's tokens 2-4 (held since recording), then token 1
+    assert layer.get_seq_length() == 1 and layer.keys.flatten().tolist() == [0]
+
+
+def test_sinks_are_saved_reloaded_and_named_in_the_model_card(tmp_path):
+    model = with_sinks("llama")
+    ids = batch()[0]
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["sink_tokens"] == SINKS
+    assert "first 3 tokens of the sequence (attention sinks)" in (tmp_path / "README.md").read_text()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.config.sink_tokens == SINKS
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_bad_sink_tokens_are_refused_naming_the_field(value):
+    with pytest.raises(ValueError, match="sink_tokens"):
+        hybridize(tiny("llama"), num_local_heads=4, local_window=2, sink_tokens=value)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        AutoConfig.for_model("local_gpt2", n_layer=1, n_head=2, n_embd=16, sink_tokens=value)
+
+
+# --- hf_attn's own models ------------------------------------------------------------------------------------------
+
+
+def own_model(model_type: str, **fields):
+    torch.manual_seed(0)
+    fields = {"local_window": WINDOW, "sink_tokens": SINKS, **fields}
+    config = AutoConfig.for_model(model_type, n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=64,
+                                  **fields)  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def naive_local_kind(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """The local heads of an hf_attn layer through `naive_attention`, from the visibility the layer holds; padding
+    arrives as a (B, S) mask for a whole sequence."""
+    visibility = module.visibility["local"]
+    assert attention_mask is None or attention_mask.dim() == 2
+    out, _ = naive_attention(query, key, value, visibility.is_causal, visibility.attend_to_self,
+                             visibility.local_window, attention_mask, scale=scaling,
+                             sink_tokens=visibility.sink_tokens)  # fmt: skip
+    return out.to(query.dtype).transpose(1, 2), None
+
+
+@pytest.fixture
+def naive_local_heads():
+    """hf_attn models' local heads run `naive_local_kind` while the test runs (they look their function up in
+    transformers' attention interface at every call)."""
+    local = HEAD_KINDS["local"]
+    AttentionInterface.register(local.interface_name, naive_local_kind)
+    yield
+    AttentionInterface.register(local.interface_name, local.run)
+
+
+@pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_own_models_with_sinks_equal_the_naive_reference(model_type, padded, request):
+    model = own_model(model_type)
+    ids, mask = batch(length=40)
+    ids = ids % 50
+    mask = mask if padded else torch.ones_like(mask)
+    got = model(ids, attention_mask=mask, use_cache=False).logits
+    without_sinks = own_model(model_type, sink_tokens=0)(ids, attention_mask=mask, use_cache=False).logits
+    request.getfixturevalue("naive_local_heads")
+    expected = model(ids, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert (without_sinks - expected)[:, -1].abs().max() > 1e-3  # the sinks matter here
+
+
+@pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_own_models_decode_with_sinks_as_the_whole_sequence(model_type, padded):
+    model = own_model(model_type)
+    ids, mask = batch(length=26)
+    ids = ids % 50
+    mask = mask if padded else torch.ones_like(mask)
+    expected = model(ids, attention_mask=mask, use_cache=False).logits
+    cache = HfAttnCache(model.config)
+    for start, end in [(0, 6), (6, 7), (7, 9), *((n, n + 1) for n in range(9, 26))]:
+        logits = model(ids[:, start:end], attention_mask=mask[:, :end], cache=cache).logits
+        torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+
+
+def test_own_models_keep_sink_tokens_in_config_json(tmp_path):
+    model = own_model("local_gpt2")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["sink_tokens"] == SINKS
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = torch.arange(20).view(1, 20)
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+    assert "the first 3 tokens of the sequence (attention sinks)" in (tmp_path / "README.md").read_text()
