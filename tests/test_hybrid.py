@@ -7,7 +7,11 @@ written here from the papers' definitions (tests/naive.py), registered in transf
 import copy
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -424,6 +428,53 @@ def test_save_pretrained_and_from_pretrained_give_the_same_model(tmp_path):
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
 
 
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_attn"] = None  # only the code saved beside the weights can load the model
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+    ids = torch.load(sys.argv[1])
+    outputs = {}
+    for folder in sys.argv[3:]:
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        base = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        with torch.no_grad():
+            outputs[folder] = (model(ids).logits, base(ids).last_hidden_state)
+    torch.save(outputs, sys.argv[2])
+    """
+)
+
+
+def test_a_saved_hybridized_model_loads_with_trust_remote_code_where_hf_attn_is_not_installed(tmp_path):
+    """A Llama and a Gemma 3 whose sliding window binds, each with a causal LM head and as a base model, in a Python
+    where `import hf_attn` fails: the same logits and hidden states as the model that was saved."""
+    ids = batch(length=20)[0]
+    torch.save(ids, tmp_path / "ids.pt")
+    expected, folders = {}, []
+    for family, model in (("llama", tiny("llama")), ("gemma3_text", sliding("gemma3_text"))):
+        hybridize(model, head_layout=LAYOUT, local_window=2)
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        config_class, model_classes = hf_attn.hybrid.HYBRID_TYPES[family]
+        classes = {"AutoConfig": config_class, **model_classes}
+        auto_map = {auto: f"hybrid.{cls.__name__}" for auto, cls in classes.items()}
+        assert json.loads((folder / "config.json").read_text())["auto_map"] == auto_map
+        assert {"hybrid.py", "modeling_hf_attn.py", "attention_hf_attn.py"} <= {p.name for p in folder.iterdir()}
+        with torch.no_grad():
+            expected[str(folder)] = (model(ids).logits, model.model(ids).last_hidden_state)
+        folders.append(str(folder))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    command = [sys.executable, "-c", REMOTE_LOAD, str(tmp_path / "ids.pt"), str(tmp_path / "out.pt"), *folders]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = torch.load(tmp_path / "out.pt")
+    for folder, (logits, hidden) in expected.items():
+        torch.testing.assert_close(loaded[folder][0], logits, rtol=0, atol=0)
+        torch.testing.assert_close(loaded[folder][1], hidden, rtol=0, atol=0)
+
+
 def test_trainer_fine_tunes_a_hybridized_model(tmp_path):
     model = hybridize(tiny("llama"), num_local_heads=4, local_window=2)
     torch.manual_seed(0)
@@ -501,7 +552,10 @@ def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_up
     model.push_to_hub("me/tiny-hybrid", token="hf_stand_in")
     assert hub.uploaded == ["me/tiny-hybrid"]
     pushed = hub.root / "me/tiny-hybrid"
-    assert 'from_pretrained("me/tiny-hybrid")' in ModelCard.load(pushed / "README.md").text
+    pushed_card = ModelCard.load(pushed / "README.md").text
+    assert 'from_pretrained("me/tiny-hybrid")' in pushed_card
+    assert 'from_pretrained("me/tiny-hybrid", trust_remote_code=True)' in pushed_card
+    assert {"hybrid.py", "modeling_hf_attn.py"} <= {path.name for path in pushed.iterdir()}
     loaded = AutoModelForCausalLM.from_pretrained(pushed)
     ids, mask = batch()
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
