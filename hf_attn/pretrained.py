@@ -15,9 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .hybrid import drop_gguf_quantizer
+
+try:
+    from transformers import GgufConfig
+except ImportError:  # older transformers 5.x, which has no GGUF quantizer and always unpacks GGUF weights
+    GgufConfig = None
 
 GGUF_SUFFIX = ".gguf"
 
@@ -96,7 +101,9 @@ def load_causal_lm(source: str | os.PathLike, **kwargs) -> PreTrainedModel:
     location, gguf_file = resolve(source)
     gguf_file = kwargs.pop("gguf_file", None) or gguf_file
     if gguf_file is not None:
-        kwargs = {"quantization_config": GgufConfig(dequantize=True), **kwargs, "gguf_file": gguf_file}
+        kwargs["gguf_file"] = gguf_file
+        if GgufConfig is not None:  # unpacked even where transformers' GGUF kernels would keep the blocks
+            kwargs.setdefault("quantization_config", GgufConfig(dequantize=True))
     model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
     drop_gguf_quantizer(model)
     return model
