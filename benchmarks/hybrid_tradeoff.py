@@ -5,6 +5,10 @@ each converted model ("healing") and the perplexity after it.
 
     python -m benchmarks.hybrid_tradeoff checkpoints/llama-wikitext-valid/model checkpoints/gpt2-wikitext-valid/model
     python -m benchmarks.hybrid_tradeoff meta-llama/Llama-3.2-1B Qwen/Qwen2.5-0.5B --data_dir ''   # online: the Hub
+    python -m benchmarks.hybrid_tradeoff smollm2-135m-instruct gemma-3-270m   # offline: GGUF files of pip packages
+
+A model is a Hub id, a local folder, a `.gguf` file or a folder holding one, or a short name of
+`hf_attn.pretrained.PACKAGED_MODELS`; its tokenizer comes from the same place unless `--tokenizer` names one.
 
 Per model: the heads (key/value groups with grouped-query attention) are scored once by `select_heads`' loss score
 on the training text (WikiText-2 validation offline, train online); for each fraction the lowest-scoring ones are
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from benchmarks.common import describe_machine, median
 from benchmarks.generation import cache_of
@@ -37,6 +41,7 @@ from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, toke
 from hf_attn.experiments import InMemoryDataset, perplexity
 from hf_attn.experiments.reports import pyplot, save
 from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
+from hf_attn.pretrained import load_causal_lm, load_tokenizer
 from hf_attn.select_heads import choose_layout, loss_scores, units_per_layer
 
 SELECTIONS = ("select_heads", "random")
@@ -44,10 +49,11 @@ SELECTIONS = ("select_heads", "random")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", help="Hub ids or local folders of Llama, Qwen2, Mistral or GPT-2 models")
+    parser.add_argument("models", nargs="+", help="Hub ids, local folders or .gguf files of Llama, Qwen2, Qwen3, "
+                        "Mistral, Gemma 3 or GPT-2 models")  # fmt: skip
     parser.add_argument("--data_dir", default="../shared/data/wikitext-2-raw",
                         help="folder of wiki.{valid,test}.raw; '' for the Hub's wikitext-2-raw-v1")  # fmt: skip
-    parser.add_argument("--tokenizer", help="tokenizer id or folder (default: each model's)")
+    parser.add_argument("--tokenizer", help="tokenizer id, folder or .gguf file (default: each model's)")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--local_window", type=int, default=16, help="k: previous tokens a local head sees")
     parser.add_argument("--unit", choices=("kv_group", "head"), default="kv_group")
@@ -131,14 +137,17 @@ def timing_model(model):
 
 
 def run_name(model: str) -> str:
-    """A model's results folder: a Hub id's name, or a checkpoint's (`checkpoints/NAME/model` gives NAME)."""
+    """A model's results folder: a Hub id's name, a checkpoint's (`checkpoints/NAME/model` gives NAME), a GGUF file's
+    name without `.gguf`."""
     path = Path(model.rstrip("/"))
+    if path.suffix == ".gguf":
+        return path.stem
     return path.parent.name if path.name == "model" and path.parent.name else path.name
 
 
 def run_model(name: str, args) -> dict:
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or name)
-    model = AutoModelForCausalLM.from_pretrained(name).eval()
+    tokenizer = load_tokenizer(args.tokenizer or name)
+    model = load_causal_lm(name).eval()
     validation, test = texts(args, tokenizer)
     calibration = validation[: args.calibration_blocks * args.block_size].view(-1, args.block_size)
 

@@ -4,13 +4,14 @@ attention for other decoders (`hybridize`).
 Importing the package registers the model types `positional_gpt2`, `local_gpt2` and `hybrid_gpt2` with
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForSequenceClassification` and
 `AutoModelForTokenClassification`, and gives their `save_pretrained` and `push_to_hub` a model card; and the
-types `hybridize` makes (`hf_attn_llama`, `hf_attn_qwen2`, `hf_attn_qwen3`, `hf_attn_mistral`, `hf_attn_gpt2`) with
-`AutoConfig`, `AutoModel` and `AutoModelForCausalLM`.
+types `hybridize` makes (`hf_attn_llama`, `hf_attn_qwen2`, `hf_attn_qwen3`, `hf_attn_mistral`, `hf_attn_gemma3_text`,
+`hf_attn_gpt2`) with the Auto classes of their families' heads. `hf_attn.pretrained` loads pretrained decoders from the
+Hub, folders and GGUF files.
 """
 
 import transformers
 
-from . import hub, hybrid
+from . import hub, hybrid, pretrained  # noqa: F401  (`hf_attn.pretrained.load_causal_lm` after `import hf_attn`)
 from .cache_hf_attn import HfAttnCache
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .hybrid import hybridize

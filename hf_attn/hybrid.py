@@ -1,4 +1,5 @@
-"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Qwen3, Mistral and GPT-2.
+"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Qwen3, Mistral, Gemma 3 and
+GPT-2.
 
 `hybridize(model, ...)` gives a loaded model per-head kinds with nothing else of its architecture changed: its
 config becomes a registered `hf_attn_<family>` type (the family's config plus `head_layout`, `local_window`,
@@ -13,8 +14,13 @@ With grouped-query attention several query heads read one key/value head. `HfAtt
 key/value head that some global query head reads, and only the sinks and the last `local_window` tokens of one that
 only local heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
 `cache_implementation="static"` makes, or one a user passes): it keeps what it would for the unmodified model, and
-local heads find their window in the mask transformers builds for it. A model saved after `hybridize` loads with
-`AutoModelForCausalLM` once hf_attn is imported.
+local heads find their window in the mask transformers builds for it.
+
+A model saved after `hybridize` loads with its Auto class once hf_attn is imported, and with
+`trust_remote_code=True` where hf_attn is not installed: `save_pretrained` copies this file and the flat siblings it
+imports beside the weights, and `config.auto_map` names each hybrid type, bound in this file under its class name.
+A model loaded from a GGUF file (its weights unpacked to floats) leaves its GGUF quantizer behind here, so that it
+saves and trains as any float model.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 import transformers
-from transformers import GPT2Config, LlamaConfig, MistralConfig, PreTrainedModel, Qwen2Config, Qwen3Config
+from transformers import (
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -62,8 +76,10 @@ HEADS = {
 
 
 def family_classes(prefix: str, **renamed: str) -> dict[str, type]:
-    """A family's model classes by Auto class, as transformers names them (`renamed`: the exceptions)."""
-    return {auto: getattr(transformers, renamed.get(auto, prefix + suffix)) for auto, suffix in HEADS.items()}
+    """A family's model classes by Auto class, as transformers names them (`renamed`: the exceptions). Heads
+    transformers lacks for the family are left out (Gemma 3 has no token classification or question answering)."""
+    names = {auto: renamed.get(auto, prefix + suffix) for auto, suffix in HEADS.items()}
+    return {auto: getattr(transformers, name) for auto, name in names.items() if hasattr(transformers, name)}
 
 
 # The families `hybridize` takes: their config type and the model classes it gives per-head kinds, by Auto class.
@@ -72,6 +88,7 @@ FAMILIES: dict[str, tuple[type, dict[str, type]]] = {
     "qwen2": (Qwen2Config, family_classes("Qwen2")),
     "mistral": (MistralConfig, family_classes("Mistral")),
     "qwen3": (Qwen3Config, family_classes("Qwen3")),
+    "gemma3_text": (Gemma3TextConfig, family_classes("Gemma3Text", AutoModelForCausalLM="Gemma3ForCausalLM")),
     "gpt2": (GPT2Config, family_classes("GPT2", AutoModelForCausalLM="GPT2LMHeadModel")),
 }
 
@@ -292,6 +309,7 @@ class HybridConfigMixin:
         self.head_layout = [list(layer) for layer in self.head_layout]
         if problems := layout_problems(self):
             raise ValueError(f"Invalid {type(self).__name__}: " + "; ".join(problems))
+        self.auto_map = remote_code_map(self.model_type.removeprefix("hf_attn_"))
 
     @property
     def kv_head_layout(self) -> list[list[str]]:
@@ -341,6 +359,12 @@ def layout_problems(config) -> list[str]:
     if heads % num_key_value_heads(config):
         problems.append(f"`num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` "
                         f"({num_key_value_heads(config)})")  # fmt: skip
+    # Gemma's options that hybridized heads cannot honour: they run causal SDPA and a banded kernel, uncapped.
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        problems.append(f"`attn_logit_softcapping` must be None (hybridized heads do not soft-cap attention scores), "
+                        f"got {config.attn_logit_softcapping!r}")  # fmt: skip
+    if getattr(config, "use_bidirectional_attention", False):
+        problems.append("`use_bidirectional_attention` must be False (hybridized heads are causal), got True")
     return problems
 
 
@@ -446,6 +470,7 @@ def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]
                 "__doc__": f"`{model_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
                 "config_class": config,
                 "forward": hybrid_forward(model_class.forward),
+                "_auto_class": auto_name,  # `save_pretrained` exports this file (transformers' `is_remote_code`)
             },
         )  # fmt: skip
         for auto_name, model_class in model_classes.items()
@@ -458,9 +483,22 @@ ATTENTION_MODULES = {
     "qwen2": transformers.models.qwen2.modeling_qwen2.Qwen2Attention,
     "mistral": transformers.models.mistral.modeling_mistral.MistralAttention,
     "qwen3": transformers.models.qwen3.modeling_qwen3.Qwen3Attention,
+    "gemma3_text": transformers.models.gemma3.modeling_gemma3.Gemma3Attention,
     "gpt2": transformers.models.gpt2.modeling_gpt2.GPT2Attention,
 }
 HYBRID_TYPES = {family: hybrid_types(family, *classes) for family, classes in FAMILIES.items()}
+# Remote code finds a class by its name in this file (`auto_map`): each hybrid type is bound to its name here.
+globals().update({cls.__name__: cls for config, models in HYBRID_TYPES.values() for cls in (config, *models.values())})
+
+
+def remote_code_map(family: str) -> dict[str, str]:
+    """`config.auto_map` of a hybridized family: every Auto class to its class in this file ("hybrid.<name>", also
+    where this file runs as remote code), so that each loads the checkpoint with `trust_remote_code=True` where
+    hf_attn is not installed."""
+    config_class, model_classes = HYBRID_TYPES[family]
+    module = __name__.rsplit(".", 1)[-1]
+    classes = {"AutoConfig": config_class, **model_classes}
+    return {auto: f"{module}.{cls.__name__}" for auto, cls in classes.items()}
 
 
 # --- the entry point -------------------------------------------------------------------------------------------
@@ -474,9 +512,9 @@ def hybridize(
     attend_to_self: bool = True,
     sink_tokens: int = 0,
 ) -> PreTrainedModel:
-    """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral or GPT-2 model: the base model or one with a causal LM,
-    sequence or token classification or question answering head; or one hybridized before) a kind per query head, in
-    place, and returns it; weights, dtype and device are untouched.
+    """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model: the base model or one with a
+    causal LM, sequence or token classification or question answering head; or one hybridized before) a kind per query
+    head, in place, and returns it; weights, dtype and device are untouched.
 
     `head_layout` names every head's kind ("global" or "local"), one list per layer; or `num_local_heads` makes the
     last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole
@@ -488,6 +526,7 @@ def hybridize(
     (SmolLM2-135M with half its key/value groups 64-local: WikiText-2 perplexity 108 without sinks, 32 with 4). The
     cache keeps s + `local_window` tokens of a key/value head that only local heads read.
     """
+    drop_gguf_quantizer(model)
     family = family_of(model.config)
     config_class, model_classes = HYBRID_TYPES[family]
     hybrid_class = hybrid_model_class(model, family)
@@ -508,6 +547,25 @@ def hybridize(
     model.__class__ = hybrid_class
     attach_heads(model)
     return model
+
+
+def drop_gguf_quantizer(model: PreTrainedModel) -> None:
+    """Forgets that `model` came from a GGUF file, where its weights were unpacked to floats: transformers keeps the
+    file's quantizer all the same (`hf_quantizer`, `config.quantization_config`, `is_quantized`), and with it
+    `save_pretrained` refuses the model as "not serializable" and Trainer refuses to train it. Refused where weights
+    stayed packed in GGUF blocks (transformers does that where its GGUF kernels are installed)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or quantizer.quantization_config.quant_method != "gguf":
+        return
+    if getattr(quantizer, "packed_modules", None):
+        raise ValueError(
+            "This model keeps GGUF weights packed, which hybridize and save_pretrained cannot handle: load it with "
+            "`quantization_config=GgufConfig(dequantize=True)` (or `hf_attn.pretrained.load_causal_lm`)."
+        )
+    quantizer.remove_quantization_config(model)
+    for module in model.modules():  # transformers marks every sub-model's config too
+        if isinstance(module, PreTrainedModel) and hasattr(module.config, "_is_quantized"):
+            del module.config._is_quantized
 
 
 def family_of(config) -> str:

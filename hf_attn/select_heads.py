@@ -1,6 +1,8 @@
 """Choose which heads of a pretrained decoder to make k-local, from calibration text.
 
     python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--data FILE] [--output layout.json]
+
+MODEL is a Hub id, a local folder, a `.gguf` file or a folder holding one (`hf_attn.pretrained`).
     hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
 
 Two scores, lower meaning "make it local first":
@@ -16,7 +18,8 @@ Two scores, lower meaning "make it local first":
 Scoring each unit alone does not see redundancy: two heads that retrieve the same thing each score low. With grouped-
 query attention (`--unit kv_group`, the default) whole key/value groups turn local, since only a group that no global
 head reads shrinks the cache; `--unit head` picks query heads. The calibration text is WikiText-2's validation split
-unless `--data` names a text file; never a test split.
+unless `--data` names a text file (never a test split): ../shared/data/wikitext-2-raw/wiki.valid.raw where it exists
+(beside a clone, as the training configs have it), else the Hub's.
 """
 
 import argparse
@@ -25,12 +28,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .data.wikitext import HUB_DATASET, read_text_file
+from .data.wikitext import HUB_DATASET, WIKITEXT_FILES, read_text_file
+from .hub import hub_offline
 from .hybrid import family_of, hybridize, num_key_value_heads
+from .pretrained import load_causal_lm, load_tokenizer
 
 UNITS = ("kv_group", "head")
+# WikiText-2's validation text beside a clone, where the training configs find it (relative to the working folder).
+LOCAL_CALIBRATION = Path("../shared/data/wikitext-2-raw") / WIKITEXT_FILES["validation"]
 
 
 def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) -> torch.Tensor:
@@ -131,11 +137,13 @@ def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: in
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hub id or local folder of a Llama, Qwen2, Qwen3, Mistral or GPT-2 model")
+    parser.add_argument("model", help="Hub id, local folder or .gguf file of a Llama, Qwen2, Qwen3, Mistral, Gemma 3 "
+                        "or GPT-2 model")  # fmt: skip
     parser.add_argument("--local_fraction", type=float, required=True, help="share of heads (or groups) made local")
     parser.add_argument("--local_window", type=int, required=True, help="k: previous tokens a local head sees")
-    parser.add_argument("--data", help="calibration text file (default: WikiText-2 validation from the Hub)")
-    parser.add_argument("--tokenizer", help="tokenizer id or folder (default: the model's)")
+    parser.add_argument("--data", help=f"calibration text file (default: {LOCAL_CALIBRATION} where it exists, else "
+                        "WikiText-2 validation from the Hub)")  # fmt: skip
+    parser.add_argument("--tokenizer", help="tokenizer id, folder or .gguf file (default: the model's)")
     parser.add_argument("--unit", choices=UNITS, default="kv_group", help="what turns local together")
     parser.add_argument("--score", choices=list(SCORES), default="loss", help="what ranks the units (see above)")
     parser.add_argument("--block_size", type=int, default=512, help="tokens per calibration block")
@@ -146,15 +154,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.local_window < 1 or args.block_size <= args.local_window + 1 or args.num_blocks < 1:
         parser.error(f"need --local_window >= 1, --block_size > local_window + 1 and --num_blocks >= 1; got "
                      f"{args.local_window}, {args.block_size}, {args.num_blocks}")  # fmt: skip
+    if args.data is None and LOCAL_CALIBRATION.is_file():
+        args.data = str(LOCAL_CALIBRATION)
+    elif args.data is None and hub_offline():
+        parser.error(f"no --data given, no {LOCAL_CALIBRATION} here, and the Hub is offline (HF_HUB_OFFLINE): pass "
+                     "--data FILE, a calibration text file")  # fmt: skip
     return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
     attention = "eager" if args.score == "mass" else None  # the mass needs attention weights
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=attention).eval()
+    model = load_causal_lm(args.model, attn_implementation=attention).eval()
     family_of(model.config)  # refuses what hybridize cannot take, before any scoring
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
     token_ids = calibration_ids(tokenizer, args.data, args.block_size, args.num_blocks)
     scores = SCORES[args.score](model, token_ids, args.local_window, args.batch_size, args.unit)
     layout = choose_layout(scores, args.local_fraction, model.config.num_attention_heads)

@@ -245,16 +245,19 @@ def test_gpu_runner_tiny_run_writes_every_step_and_a_zero_budget_skips_them(tmp_
 
 
 def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_path):
-    """Tiny random Llama and GPT-2: every fraction gets both selections' perplexity, the cache ratio the layout
-    implies, a decode ratio and (past 0%) a fine-tune; the table and plot are written."""
+    """Tiny random Llama (a GGUF file: fine-tuned too, as a float model) and GPT-2 (a folder): every fraction gets
+    both selections' perplexity, the cache ratio the layout implies, a decode ratio and a fine-tune; the table and
+    plot are written."""
+    from gguf_files import write_llama_gguf
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     from benchmarks import hybrid_tradeoff
 
     torch.manual_seed(0)
     llama = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama" / "model")  # as training.pretrain_gpt2 saves
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        tie_word_embeddings=False)  # fmt: skip
+    write_llama_gguf(LlamaForCausalLM(llama), tmp_path / "llama.gguf")
     GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
         tmp_path / "gpt2"
     )
@@ -280,7 +283,7 @@ def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_p
         "1",
     ]
     data = ["--tokenizer", str(shared / "gpt2-tokenizer"), "--data_dir", str(shared / "wikitext-2-raw")]
-    hybrid_tradeoff.main([str(tmp_path / "llama" / "model"), str(tmp_path / "gpt2"), *data, *tiny, "--output_dir",
+    hybrid_tradeoff.main([str(tmp_path / "llama.gguf"), str(tmp_path / "gpt2"), *data, *tiny, "--output_dir",
                           str(tmp_path / "out")])  # fmt: skip
     for name, units in (("llama", 2), ("gpt2", 4)):  # key/value groups per layer
         result = json.loads((tmp_path / "out" / name / "results.json").read_text())

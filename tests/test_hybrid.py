@@ -1,4 +1,4 @@
-"""`hf_attn.hybridize`: per-head global and local attention in Llama, Qwen2, Mistral and GPT-2 models.
+"""`hf_attn.hybridize`: per-head global and local attention in Llama, Qwen2, Qwen3, Mistral, Gemma 3 and GPT-2 models.
 
 References: the unmodified model (an all-global layout), and the model itself running a naive attention function
 written here from the papers' definitions (tests/naive.py), registered in transformers' attention interface.
@@ -7,7 +7,11 @@ written here from the papers' definitions (tests/naive.py), registered in transf
 import copy
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,8 @@ from transformers import (
     BertConfig,
     BertModel,
     DynamicCache,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -60,11 +66,16 @@ def tiny(family: str, seed: int = 0):
         return MistralForCausalLM(MistralConfig(num_key_value_heads=2, sliding_window=None, **decoder)).eval()
     if family == "qwen3":  # RMS norms on queries and keys, before the cache
         return Qwen3ForCausalLM(Qwen3Config(num_key_value_heads=2, head_dim=8, **decoder)).eval()
+    if family == "gemma3_text":  # query and key norms, scores scaled by 1/sqrt(query_pre_attn_scalar), a sliding
+        # layer whose window (32) holds these tests' texts: a window that binds has tests of its own
+        config = Gemma3TextConfig(num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=20, sliding_window=32,
+                                  layer_types=["sliding_attention", "full_attention"], **decoder)  # fmt: skip
+        return Gemma3ForCausalLM(config).eval()
     return GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=8, n_layer=2, n_positions=64, vocab_size=VOCAB,
                                       **NO_SPECIAL_TOKENS)).eval()  # fmt: skip
 
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gpt2")
 # Mixed per layer, whole key/value groups local (8 query heads over 2: heads 4-7 share the second) and split ones.
 LAYOUT = [["global"] * 4 + ["local"] * 4, ["local", "global", "local", "local", "local", "local", "global", "local"]]
 
@@ -86,18 +97,21 @@ NAIVE_LAYOUT = {}  # what the naive function reads: "layout", "local_window", "a
 
 def naive_layer_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Every query head through `naive_attention` with its kind's visibility; query head h reads key/value head
-    h // (heads per key/value head). Padding comes from the mask's last row (causal order is naive's own). Returns
-    the weights too, as transformers' eager attention does."""
+    h // (heads per key/value head). Padding is the keys no query of the mask sees (causal order is naive's own). A
+    layer the model slides a window of W tokens over (its `sliding_window` argument, counting the query) shows every
+    head at most the W - 1 tokens before the query. Returns the weights too, as transformers' eager attention does."""
     kinds = NAIVE_LAYOUT["layout"][module.layer_idx]
     group = query.shape[1] // key.shape[1]
-    key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
+    key_mask = None if attention_mask is None else attention_mask[:, 0].bool().any(-2)
+    model_window = None if kwargs.get("sliding_window") is None else kwargs["sliding_window"] - 1
     outputs, weights = [], []
     for h, kind in enumerate(kinds):
         local = kind == "local"
+        windows = [w for w in (model_window, NAIVE_LAYOUT["local_window"] if local else None) if w is not None]
         out, head_weights = naive_attention(
             query[:, h : h + 1], key[:, h // group : h // group + 1], value[:, h // group : h // group + 1],
             is_causal=True, attend_to_self=NAIVE_LAYOUT["attend_to_self"] or not local,
-            local_window=NAIVE_LAYOUT["local_window"] if local else None, key_mask=key_mask, scale=scaling,
+            local_window=min(windows, default=None), key_mask=key_mask, scale=scaling,
         )  # fmt: skip
         outputs.append(out.to(query.dtype))
         weights.append(head_weights.to(query.dtype))
@@ -220,15 +234,26 @@ def test_decoding_with_the_cache_gives_the_logits_of_the_whole_sequence(family, 
         torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
-def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(family):
-    """Mistral slides a window of 6 over every layer; this Qwen2 over its second only (`max_window_layers=1`)."""
+def sliding(family: str, window: int = 6):
+    """The tiny model of `family` with a sliding window of `window` tokens (the query included) that binds: Mistral
+    slides it over every layer, Gemma 3 over its first (its `layer_types`), this Qwen2 over its second only
+    (`max_window_layers=1`)."""
     base = tiny(family)
-    base.config.sliding_window = 6
+    fields = {**base.config.to_dict(), "sliding_window": window}
     if family == "qwen2":
-        base = Qwen2ForCausalLM(Qwen2Config(**{**base.config.to_dict(), "use_sliding_window": True,
-                                               "max_window_layers": 1, "layer_types": None})).eval()  # fmt: skip
-    model = hybridize(base, head_layout=LAYOUT, local_window=2)
+        fields.update(use_sliding_window=True, max_window_layers=1, layer_types=None)
+    torch.manual_seed(0)
+    model = type(base)(type(base.config)(**fields)).eval()
+    model.load_state_dict(base.state_dict())
+    return model
+
+
+SLIDING_LAYERS = {"mistral": [True, True], "qwen2": [False, True], "gemma3_text": [True, False]}
+
+
+@pytest.mark.parametrize("family", SLIDING_LAYERS)
+def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(family):
+    model = hybridize(sliding(family), head_layout=LAYOUT, local_window=2)
     ids, mask = batch(length=26)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
@@ -237,11 +262,25 @@ def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(fam
         logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
                        cache=cache).logits  # fmt: skip
         torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
-    sliding = [True, True] if family == "mistral" else [False, True]
-    for layer, slides in zip(cache.layers, sliding, strict=True):
+    for layer, slides in zip(cache.layers, SLIDING_LAYERS[family], strict=True):
         kept = {name: tensor.shape[-2] for name, tensor in layer.tensors().items()}
         assert kept["global_keys"] == (5 if slides else 26)  # the model's window counts the query
         assert kept.get("local_keys", 2) == 2  # where a key/value head is local's alone
+
+
+@pytest.mark.parametrize("family", SLIDING_LAYERS)
+@pytest.mark.parametrize("local_window", [2, 8])
+@pytest.mark.parametrize("padded", [False, True])
+def test_every_head_of_a_sliding_layer_keeps_the_model_window(family, local_window, padded):
+    """A window of 6 tokens: in a sliding layer global heads see the 5 before the query and local heads the nearer of
+    their own k and those 5 (k = 8 is bounded by the model's window), as the naive reference has it."""
+    model = sliding(family)
+    twin = naive_twin(model, LAYOUT, local_window=local_window, attend_to_self=True)
+    hybrid = hybridize(model, head_layout=LAYOUT, local_window=local_window)
+    ids, mask = batch(length=24)
+    mask = mask if padded else torch.ones_like(mask)
+    expected = twin(ids, attention_mask=mask).logits
+    torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
 
 
 # --- generate ----------------------------------------------------------------------------------------------------
@@ -389,6 +428,53 @@ def test_save_pretrained_and_from_pretrained_give_the_same_model(tmp_path):
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
 
 
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_attn"] = None  # only the code saved beside the weights can load the model
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+    ids = torch.load(sys.argv[1])
+    outputs = {}
+    for folder in sys.argv[3:]:
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        base = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        with torch.no_grad():
+            outputs[folder] = (model(ids).logits, base(ids).last_hidden_state)
+    torch.save(outputs, sys.argv[2])
+    """
+)
+
+
+def test_a_saved_hybridized_model_loads_with_trust_remote_code_where_hf_attn_is_not_installed(tmp_path):
+    """A Llama and a Gemma 3 whose sliding window binds, each with a causal LM head and as a base model, in a Python
+    where `import hf_attn` fails: the same logits and hidden states as the model that was saved."""
+    ids = batch(length=20)[0]
+    torch.save(ids, tmp_path / "ids.pt")
+    expected, folders = {}, []
+    for family, model in (("llama", tiny("llama")), ("gemma3_text", sliding("gemma3_text"))):
+        hybridize(model, head_layout=LAYOUT, local_window=2)
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        config_class, model_classes = hf_attn.hybrid.HYBRID_TYPES[family]
+        classes = {"AutoConfig": config_class, **model_classes}
+        auto_map = {auto: f"hybrid.{cls.__name__}" for auto, cls in classes.items()}
+        assert json.loads((folder / "config.json").read_text())["auto_map"] == auto_map
+        assert {"hybrid.py", "modeling_hf_attn.py", "attention_hf_attn.py"} <= {p.name for p in folder.iterdir()}
+        with torch.no_grad():
+            expected[str(folder)] = (model(ids).logits, model.model(ids).last_hidden_state)
+        folders.append(str(folder))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    command = [sys.executable, "-c", REMOTE_LOAD, str(tmp_path / "ids.pt"), str(tmp_path / "out.pt"), *folders]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = torch.load(tmp_path / "out.pt")
+    for folder, (logits, hidden) in expected.items():
+        torch.testing.assert_close(loaded[folder][0], logits, rtol=0, atol=0)
+        torch.testing.assert_close(loaded[folder][1], hidden, rtol=0, atol=0)
+
+
 def test_trainer_fine_tunes_a_hybridized_model(tmp_path):
     model = hybridize(tiny("llama"), num_local_heads=4, local_window=2)
     torch.manual_seed(0)
@@ -466,7 +552,10 @@ def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_up
     model.push_to_hub("me/tiny-hybrid", token="hf_stand_in")
     assert hub.uploaded == ["me/tiny-hybrid"]
     pushed = hub.root / "me/tiny-hybrid"
-    assert 'from_pretrained("me/tiny-hybrid")' in ModelCard.load(pushed / "README.md").text
+    pushed_card = ModelCard.load(pushed / "README.md").text
+    assert 'from_pretrained("me/tiny-hybrid")' in pushed_card
+    assert 'from_pretrained("me/tiny-hybrid", trust_remote_code=True)' in pushed_card
+    assert {"hybrid.py", "modeling_hf_attn.py"} <= {path.name for path in pushed.iterdir()}
     loaded = AutoModelForCausalLM.from_pretrained(pushed)
     ids, mask = batch()
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf_files import write_llama_gguf
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_attn import hybridize
@@ -104,3 +105,26 @@ def test_the_command_writes_a_layout_hybridize_takes(tmp_path, score):
 def test_the_command_refuses_a_window_as_long_as_the_blocks(tmp_path):
     with pytest.raises(SystemExit):
         main(["model", "--local_fraction", "0.5", "--local_window", "32", "--block_size", "32"])
+
+
+def test_the_command_takes_a_gguf_file_and_calibrates_offline_on_the_text_beside_the_clone(tmp_path, monkeypatch):
+    """No `--data`, the Hub off (conftest): the validation text in ../shared, as the training configs find it."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)  # fmt: skip
+    write_llama_gguf(LlamaForCausalLM(config), tmp_path / "tiny.gguf")
+    monkeypatch.chdir(Path(__file__).parents[1])
+    record = main([str(tmp_path / "tiny.gguf"), "--local_fraction", "0.5", "--local_window", "4", "--score", "mass",
+                   "--tokenizer", str(SHARED / "gpt2-tokenizer"), "--block_size", "32", "--num_blocks", "2",
+                   "--output", str(tmp_path / "layout.json")])  # fmt: skip
+    assert record["calibration"] == {"data": "../shared/data/wikitext-2-raw/wiki.valid.raw", "blocks": 2,
+                                     "block_size": 32}  # fmt: skip
+    assert sum(layer.count("local") for layer in record["head_layout"]) == 4
+
+
+def test_without_data_offline_and_far_from_a_clone_the_command_says_to_pass_a_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["model", "--local_fraction", "0.5", "--local_window", "4"])
+    assert "the Hub is offline (HF_HUB_OFFLINE): pass --data FILE" in capsys.readouterr().err
