@@ -130,7 +130,7 @@ class SinkWindowLayer(LayerOfLayers):
     is_croppable = True
 
     def __init__(self, sink_tokens: int, sliding_window: int):
-        self.sink_tokens = self.prefix_tokens = sink_tokens
+        self.prefix_tokens = sink_tokens
         self.prefix, self.window = DynamicLayer(), WindowLayer(sliding_window=sliding_window)
         self.parts = (self.prefix, self.window)
 
@@ -368,21 +368,19 @@ class HfAttnCache(Cache):
     def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None):
         layers = len(config.kv_head_layout)
         super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(layers)])
-
-    def sink_layers(self) -> list[SinkWindowLayer]:
-        return [kind for layer in self.layers for kind in layer.by_kind.values() if isinstance(kind, SinkWindowLayer)]
+        # The first tokens local heads with sinks read: the sinks, and the left padding before them once known.
+        self.sink_tokens = self.first_tokens = getattr(config, "sink_tokens", 0)
 
     def make_room_for_padding(self, attention_mask: torch.Tensor | None) -> None:
         """Before the first token: local heads with sinks keep the left padding before them too (their sinks are
-        each row's first real tokens)."""
-        layers = self.sink_layers()
-        padding = left_padding(attention_mask) if layers else 0  # reads the mask on the host: only where it serves
-        for layer in layers:
-            layer.prefix_tokens = max(layer.prefix_tokens, layer.sink_tokens + padding)
-
-    def first_tokens_kept(self) -> int:
-        """How many first tokens local heads with sinks keep (0 for none)."""
-        return max((layer.prefix_tokens for layer in self.sink_layers()), default=0)
+        each row's first real tokens), in layers that keep sinks apart from a window."""
+        if not self.sink_tokens:
+            return
+        self.first_tokens = self.sink_tokens + left_padding(attention_mask)  # reads the mask on the host
+        for layer in self.layers:
+            for kind in layer.parts:
+                if isinstance(kind, SinkWindowLayer):
+                    kind.prefix_tokens = self.first_tokens
 
     def memory_bytes(self) -> int:
         """Bytes held by every cached tensor, room to grow included, for benchmarks and tests of the cache's size."""

@@ -433,7 +433,7 @@ def hybrid_forward(family_forward: Callable) -> Callable:
         if isinstance(given, HfAttnCache) and self.config.sink_tokens:
             if given.get_seq_length() == 0:
                 given.make_room_for_padding(kwargs.get("attention_mask"))
-            kwargs[SINK_PREFIX] = given.first_tokens_kept()
+            kwargs[SINK_PREFIX] = given.first_tokens
         return family_forward(self, *args, **kwargs)
 
     return forward

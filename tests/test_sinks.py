@@ -63,17 +63,20 @@ NAIVE_SINKS = "hf_attn_test_naive_sinks"
 
 def naive_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Every query head through `naive_attention`: global heads see every earlier key, local heads their window and
-    the first `SINKS` real keys; padding from the mask's last row; query head h reads key/value head h // group."""
+    the first `SINKS` real keys, except in a layer the model slides a window over (Gemma 3's sliding layers, whose
+    window holds these texts), where its mask hides the first tokens beyond it; padding from the mask's last row;
+    query head h reads key/value head h // group."""
     kinds = LAYOUT[module.layer_idx]
     group = query.shape[1] // key.shape[1]
     key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
+    sinks = 0 if getattr(module, "sliding_window", None) else SINKS
     outputs = []
     for h, kind in enumerate(kinds):
         local = kind == "local"
         out, _ = naive_attention(
             query[:, h : h + 1], key[:, h // group : h // group + 1], value[:, h // group : h // group + 1],
             is_causal=True, attend_to_self=True, local_window=WINDOW if local else None, key_mask=key_mask,
-            scale=scaling, sink_tokens=SINKS if local else 0,
+            scale=scaling, sink_tokens=sinks if local else 0,
         )  # fmt: skip
         outputs.append(out.to(query.dtype))
     return torch.cat(outputs, dim=1).transpose(1, 2), None
@@ -82,7 +85,7 @@ def naive_sink_attention(module, query, key, value, attention_mask, scaling, dro
 AttentionInterface.register(NAIVE_SINKS, naive_sink_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(NAIVE_SINKS, sdpa_mask)
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gpt2")
 
 
 def with_sinks(family: str, layout=LAYOUT):
