@@ -23,7 +23,8 @@ bytes, and peak resident memory above the loaded model (Linux VmHWM, reset after
 activations as well as the cache). Ratios are per pair.
 
 Resumable: each measurement is written to OUTPUT_DIR/NAME/{configs,scores,timing}/*.json as soon as it ends; a rerun
-with the same settings keeps them (one that does not parse, or was measured with other settings, is measured again).
+with the same settings keeps them (one that does not parse, or was measured with other settings, is measured again),
+so `--skip_timing` on a busy machine, then the same command without it on an idle one, times only.
 Writes OUTPUT_DIR/NAME/{results.json, results.md, long_context.png}.
 """
 
@@ -122,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--prefill_context", type=int, default=4096, help="tokens of the timed prefill")
     add("--timing_context", type=int, default=8192, help="tokens of context at the end of the timed decode")
     add("--decode_steps", type=int, default=32, help="timed greedy steps (the first two are warm-up)")
+    add("--skip_timing", action="store_true", help="passkey and perplexity only: timing wants an idle machine, so "
+        "it may run later, apart, into the same --output_dir")  # fmt: skip
     add("--output_dir", default="outputs/long_context")
     args = parser.parse_args(argv)
     if problems := argument_problems(args):
@@ -372,7 +375,7 @@ def run(args) -> dict:
     prompts = passkey_prompts(tokenizer, args.passkey_lengths, args.passkey_depths, args.keys_per_depth,
                               args.key_seed, args.prompt_format)  # fmt: skip
     calibration, test_blocks = wikitext_blocks(args, tokenizer)
-    timing = time_shapes(model, args, folder)  # first: it needs the model not hybridized yet
+    timing = {} if args.skip_timing else time_shapes(model, args, folder)  # first: the model is not hybridized yet
     quality_settings = settings_of(args, QUALITY_SETTINGS)
     measure = functools.partial(quality, model, tokenizer, prompts, test_blocks)
     rows = [measured(folder / "configs" / "unmodified.json", quality_settings, functools.partial(measure, UNMODIFIED,
@@ -475,7 +478,10 @@ def table(result: dict, window: int) -> str:
     original = unmodified["perplexity"][0]
     for row in [unmodified, *(row for row in rows if row["local_window"] == window)]:
         timing = row["timing"]
-        ratios = ["1.00x"] * 3 if timing is None else [f"{timing[name]:.2f}x" for name in TIMING_RATIOS]
+        if row["local_window"] is None:
+            ratios = ["1.00x"] * len(TIMING_RATIOS)
+        else:
+            ratios = ["n/a" if timing is None else f"{timing[name]:.2f}x" for name in TIMING_RATIOS]
         score = row["score"] + (f" ({row['seeds']} seeds)" if row["seeds"] > 1 else "")
         cells = [f"{row['fraction']:.0%}", score, str(row["sink_tokens"]),
                  *(spread(tuple(100 * v for v in row[f"passkey {n}"]), ".0f", "%") for n in lengths),
@@ -507,11 +513,15 @@ def notes(result: dict) -> str:
     )
 
 
+def tables(result: dict, heading: str = "##") -> str:
+    """A table per window, each under a `heading` naming it."""
+    windows = sorted({row["config"]["local_window"] for row in result["rows"]} - {None})
+    return "\n".join(f"{heading} k = {window}\n\n{table(result, window)}" for window in windows)
+
+
 def report(result: dict) -> str:
     """results.md: the notes, then a table per window."""
-    windows = sorted({row["config"]["local_window"] for row in result["rows"]} - {None})
-    tables = "\n".join(f"## k = {window}\n\n{table(result, window)}" for window in windows)
-    return f"# {result['name']}: long context with key/value groups made local\n\n{notes(result)}\n\n{tables}"
+    return f"# {result['name']}: long context with key/value groups made local\n\n{notes(result)}\n\n{tables(result)}"
 
 
 def plot(result: dict, path: Path) -> None:
