@@ -16,11 +16,9 @@ WikiText-2 validation blocks, never test, and timed. Each configuration gets:
   exp(mean token NLL);
 - KV bytes per token, as a ratio to the unmodified model (sinks add a constant, not bytes per token).
 Speed and memory depend on the layout's shape, not on which groups: per (k, S, share) one layout (random, seed 0) is
-timed, each measurement in a fresh process of the model saved once to a scratch folder, beside one of the unmodified
-model (the order alternating, so the machine's drift falls on both): prefill seconds at `--prefill_context` tokens;
-then, after a prefill to `--timing_context`, the median ms per greedy step (the first two left out), the cache's
-bytes, and peak resident memory above the loaded model (Linux VmHWM, reset after loading; it holds the 8K prefill's
-activations as well as the cache). Ratios are per pair.
+timed beside the unmodified model, each in a fresh process of the model saved once to a scratch folder, the order
+alternating so that the machine's drift falls on both (`benchmarks/long_context_timing.py`): decode ms per token and
+peak memory at `--timing_context` tokens of context, prefill seconds at `--prefill_context`. Ratios are per pair.
 
 Resumable: each measurement is written to OUTPUT_DIR/NAME/{configs,scores,timing}/*.json as soon as it ends; a rerun
 with the same settings keeps them (one that does not parse, or was measured with other settings, is measured again),
@@ -34,22 +32,20 @@ import inspect
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from benchmarks.common import describe_machine, median, peak_rss_bytes, rss_bytes, timed
-from benchmarks.generation import Decoder
+from benchmarks.common import describe_machine
 from benchmarks.hybrid_tradeoff import random_layout, run_name
+from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, convert, timing_pair
 from hf_attn import hybridize
 from hf_attn.data.passkey import PROMPT_FORMATS, PasskeyPrompt, passkey_found, passkey_prompts
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
@@ -58,10 +54,8 @@ from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
 from hf_attn.select_heads import SCORES, choose_layout, units_per_layer
 
 SCORE_NAMES = ("random", "mass", "loss", "gate")  # `random` needs no score; the others are `select_heads.SCORES`
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 UNIT = "kv_group"  # only a group no global head reads shrinks the cache
 TIMING_RATIOS = ("peak_memory_ratio", "decode_speed_ratio", "prefill_time_ratio")  # the table's order
-WARM_UP_STEPS = 2  # decode steps left out of the median
 # The settings each kind of measurement depends on: a stored one measured with others is measured again.
 SCORE_SETTINGS = ("model", "gguf_file", "dtype", "data_dir", "calibration_blocks", "calibration_block_size",
                   "score_batch_size")  # fmt: skip
@@ -162,11 +156,16 @@ def argument_problems(args) -> list[str]:
 
 
 def load(model: str, gguf_file: str | None, dtype: str) -> tuple:
-    """The model in `dtype`, eval mode, and its tokenizer: a Hub id or folder, or a GGUF file in it."""
-    model_kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(model, **model_kwargs)
-    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype], **model_kwargs)
-    return loaded.to(DTYPES[dtype]).eval(), tokenizer  # GGUF tensors dequantize to float32 whatever `dtype` says
+    """The model in `dtype`, eval mode, and its tokenizer: a Hub id or folder, or a GGUF file in it. The one place
+    that loads, to be swapped for hf_attn's own loader."""
+    gguf = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(model, **gguf)
+    # `dtype` when loading, not `.to(dtype)` after, which would round the rotary frequencies to bfloat16 too.
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype], **gguf).eval()
+    if gguf_file:  # dequantized on loading, yet marked quantized, which `save_pretrained` refuses (a workaround)
+        loaded.hf_quantizer = None
+        del loaded.config.quantization_config
+    return loaded, tokenizer
 
 
 def output_folder(args) -> Path:
@@ -233,13 +232,6 @@ def layout_for(config: Config, scores: list | None, model_config) -> list[list[s
     return random_layout(torch.zeros(shape), config.fraction, heads, config.seed)
 
 
-def convert(model, config: Config, layout: list[list[str]]):
-    """`model` hybridized to `layout` (in place). `sink_tokens` goes to `hybridize` only when nonzero, so that an
-    hf_attn without sinks runs every S = 0 configuration."""
-    sinks = {"sink_tokens": config.sink_tokens} if config.sink_tokens else {}
-    return hybridize(model, head_layout=layout, local_window=config.local_window, **sinks)
-
-
 # --- quality: passkey retrieval and perplexity -----------------------------------------------------------------
 
 
@@ -291,52 +283,6 @@ def quality(model, tokenizer, prompts: list[PasskeyPrompt], test_blocks: torch.T
                                        for length in args.passkey_lengths},
         "perplexity": block_perplexity(model, test_blocks), "answers": answers,
     }  # fmt: skip
-
-
-# --- speed and memory, each in a fresh process -----------------------------------------------------------------
-
-
-def measure_speed(spec: dict) -> dict:
-    """In a fresh process: the model saved at `spec["folder"]`, hybridized to `spec["layout"]` if given; prefill
-    seconds at `prefill_context` tokens, then decode ms per step, cache bytes and peak memory at `timing_context`."""
-    torch.set_num_threads(spec["threads"])
-    model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=DTYPES[spec["dtype"]]).eval()
-    if spec["layout"] is not None:
-        convert(model, Config(**spec["config"]), spec["layout"])
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-
-    def prompt(tokens: int) -> torch.Tensor:
-        return torch.randint(0, vocab, (1, tokens), generator=generator)
-
-    Decoder(model, prompt(16))  # warm-up: allocator, kernels
-    prefill_seconds = timed(functools.partial(Decoder, model, prompt(spec["prefill_context"])), "cpu")
-    with open("/proc/self/clear_refs", "w") as clear_refs:  # VmHWM from here on (Linux >= 4.0)
-        clear_refs.write("5")
-    loaded = rss_bytes()
-    decoder = Decoder(model, prompt(spec["timing_context"] - spec["decode_steps"]))
-    steps = [timed(decoder.step, "cpu") for _ in range(spec["decode_steps"])]
-    return {"prefill_seconds": prefill_seconds, "decode_ms": 1000 * median(steps[WARM_UP_STEPS:]),
-            "cache_bytes": decoder.cache_bytes(), "peak_memory_bytes": peak_rss_bytes() - loaded}  # fmt: skip
-
-
-def in_fresh_process(spec: dict) -> dict:
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
-        return pool.submit(measure_speed, spec).result()
-
-
-def timing_pair(spec: dict, unmodified_first: bool) -> dict:
-    """The converted model's and the unmodified one's measurements, in turn, and their ratios."""
-    order = ["unmodified", "converted"] if unmodified_first else ["converted", "unmodified"]
-    runs = {name: in_fresh_process(spec | ({"layout": None} if name == "unmodified" else {})) for name in order}
-    unmodified, converted = runs["unmodified"], runs["converted"]
-    return runs | {
-        "decode_speed_ratio": unmodified["decode_ms"] / converted["decode_ms"],  # > 1: faster
-        "prefill_time_ratio": converted["prefill_seconds"] / unmodified["prefill_seconds"],  # < 1: faster
-        "peak_memory_ratio": converted["peak_memory_bytes"] / unmodified["peak_memory_bytes"],
-        "cache_bytes_ratio": converted["cache_bytes"] / unmodified["cache_bytes"],
-    }
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -395,7 +341,7 @@ def run(args) -> dict:
                 layout = layout_for(config, ranking, model.config)
 
                 def measure_converted(config=config, layout=layout) -> dict:
-                    convert(model, config, layout)
+                    convert(model, layout, config.local_window, config.sink_tokens)
                     return measure(config, args)
 
                 rows.append(measured(folder / "configs" / f"{config.name}.json", quality_settings, measure_converted))
@@ -426,7 +372,8 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
             if stored(path, settings) is None and not any(Path(scratch).iterdir()):
                 model.save_pretrained(scratch)
             spec = {"folder": scratch, "dtype": args.dtype, "threads": torch.get_num_threads(),
-                    "layout": layout_for(config, None, model.config), "config": asdict(config), **settings}  # fmt: skip
+                    "layout": layout_for(config, None, model.config), "local_window": window, "sink_tokens": sinks,
+                    **settings}  # fmt: skip
             timing[config.shape] = measured(path, settings, functools.partial(timing_pair, spec, index % 2 == 0))
     return timing
 

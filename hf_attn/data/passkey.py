@@ -13,8 +13,8 @@ sentence boundary nearest `depth`, the share of the filler before it.
 `prompt_format="plain"` (the default) is the text alone, as the papers prompt base models. `"chat"` wraps the
 instruction, filler and question in the tokenizer's chat template as one user turn and starts the assistant's answer
 with "The pass key is". Plain is the default because it is the published protocol and SmolLM2-135M-Instruct answers
-it (24 of 24 at 1K and 2K tokens here, the same as in its chat template), so instruction-tuned and base models are
-scored alike.
+it better: 6 of 6 prompts at 1K and 2K tokens (depths 0.1, 0.5, 0.9), against 4 of 6 in its chat template, where at
+depth 0.1 it talks about "the pass key" instead of naming it.
 """
 
 import random
