@@ -272,9 +272,9 @@ def block_perplexity(model, blocks: torch.Tensor) -> float:
 
 def quality(model, tokenizer, prompts: list[PasskeyPrompt], test_blocks: torch.Tensor, config: Config, args) -> dict:
     answers = passkey_answers(model, tokenizer, prompts, args.new_tokens)
-    kv_ratio = cache_bytes_per_token(model.config) / original_cache_bytes_per_token(model.config) if \
-        config.local_window else 1.0  # fmt: skip
-    local_heads = sum(layer.count("local") for layer in model.config.head_layout) if config.local_window else 0
+    hybrid = config.local_window is not None
+    kv_ratio = cache_bytes_per_token(model.config) / original_cache_bytes_per_token(model.config) if hybrid else 1.0
+    local_heads = sum(layer.count("local") for layer in model.config.head_layout) if hybrid else 0
     return {
         "config": asdict(config), "local_heads": local_heads, "kv_ratio": kv_ratio,
         "passkey": accuracy(answers, "length"), "passkey_by_depth": accuracy(answers, "depth"),
@@ -288,8 +288,9 @@ def quality(model, tokenizer, prompts: list[PasskeyPrompt], test_blocks: torch.T
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
-def wikitext_blocks(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Calibration blocks from the validation split (for the scores) and perplexity blocks from the test split."""
+def wikitext_blocks(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Calibration blocks for the scores (WikiText-2 validation offline, train from the Hub; never test), perplexity
+    blocks from the test split, and where the calibration text came from."""
     splits = load_wikitext(args.data_dir)
     blocks = []
     for text, count, size, split in (
@@ -300,7 +301,7 @@ def wikitext_blocks(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
         if len(ids) < count * size:
             raise ValueError(f"the {split} text has {len(ids)} tokens, fewer than {count} blocks of {size}")
         blocks.append(ids.view(count, size))
-    return blocks[0], blocks[1]
+    return blocks[0], blocks[1], splits.train_source
 
 
 def configurations(args) -> list[tuple[int, int, str]]:
@@ -320,7 +321,7 @@ def run(args) -> dict:
     parameters, heads = model.num_parameters(), model.config.num_attention_heads
     prompts = passkey_prompts(tokenizer, args.passkey_lengths, args.passkey_depths, args.keys_per_depth,
                               args.key_seed, args.prompt_format)  # fmt: skip
-    calibration, test_blocks = wikitext_blocks(args, tokenizer)
+    calibration, test_blocks, calibration_text = wikitext_blocks(args, tokenizer)
     timing = {} if args.skip_timing else time_shapes(model, args, folder)  # first: the model is not hybridized yet
     quality_settings = settings_of(args, QUALITY_SETTINGS)
     measure = functools.partial(quality, model, tokenizer, prompts, test_blocks)
@@ -349,7 +350,7 @@ def run(args) -> dict:
         "model": args.model, "gguf_file": args.gguf_file, "name": folder.name, "family": family,
         "parameters": parameters, "layers": layers, "heads": heads,
         "key_value_heads": units_per_layer(model.config, UNIT), "dtype": args.dtype,
-        "threads": torch.get_num_threads(), "prompt_format": args.prompt_format,
+        "threads": torch.get_num_threads(), "prompt_format": args.prompt_format, "calibration_text": calibration_text,
         "rows": [{key: value for key, value in row.items() if key != "answers"} for row in rows],
         "scores": scores, "timing": timing, "settings": vars(args),
         "wall_seconds": time.perf_counter() - start,
