@@ -2,6 +2,7 @@
 prompt lengths, the needle where asked, the scorer, a tiny Llama end to end, resuming, and the reports."""
 
 import copy
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -96,7 +97,7 @@ TINY = ["--dtype", "float32", "--data_dir", str(SHARED / "wikitext-2-raw"), "--l
         "--calibration_blocks", "2", "--calibration_block_size", "32", "--passkey_lengths", "96", "128",
         "--passkey_depths", "0.2", "0.8", "--keys_per_depth", "1", "--new_tokens", "4", "--ppl_blocks", "2",
         "--ppl_block_size", "64", "--prefill_context", "32", "--timing_context", "64",
-        "--decode_steps", "4"]  # fmt: skip
+        "--decode_steps", "4", "--threads", "1"]  # fmt: skip
 
 
 def greedy_continuation(model, tokenizer, prompt: PasskeyPrompt, new_tokens: int) -> str:
@@ -111,9 +112,10 @@ def greedy_continuation(model, tokenizer, prompt: PasskeyPrompt, new_tokens: int
     return tokenizer.decode(ids[0, prompt.length :], skip_special_tokens=True)
 
 
-def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, capsys):
+def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, capsys, request):
     """Every configuration measured and aggregated; the unmodified model's answers are its greedy continuations; an
     all-global layout changes nothing; a rerun measures only the missing or corrupt configuration."""
+    request.addfinalizer(functools.partial(torch.set_num_threads, torch.get_num_threads()))  # --threads sets them
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
@@ -143,7 +145,7 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
         assert answer["key"] == prompt.key and answer["answer"] == greedy_continuation(model, tokenizer, prompt, 4)
         assert answer["found"] == passkey_found(answer["answer"], prompt.key)
     assert unmodified["passkey"]["96"] == sum(a["found"] for a in answers[:2]) / 2
-    assert set(result["scores"]) == {"loss-k4-s0", "mass-k4-s0"} and result["timing"] == {}
+    assert set(result["scores"]) == {"loss-k4-s0", "mass-k4-s0"} and result["timing"] == {} and result["threads"] == 1
     assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
     assert (folder / "long_context.png").read_bytes()[:4] == b"\x89PNG"
 
