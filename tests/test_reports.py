@@ -7,6 +7,7 @@ import re
 import shutil
 
 import pytest
+from test_long_context import synthetic_result
 
 import training.reports as reports
 
@@ -94,6 +95,26 @@ def test_committed_tradeoff_reports_are_their_results():
     assert runs, "no published trade-off run"
     for folder, result in runs:
         assert (folder / "results.md").read_text() == reports.hybrid_tradeoff.report(result), f"{folder} is stale"
+
+
+def test_committed_long_context_reports_are_their_results():
+    for folder, result in reports.long_context_runs():  # none until a run is published
+        assert (folder / "results.md").read_text() == reports.long_context.report(result), f"{folder} is stale"
+
+
+def test_long_context_block_shows_each_published_run(tmp_path, monkeypatch):
+    """Each run's notes, a table per window and its plot, from its results.json alone."""
+    monkeypatch.setattr(reports, "ROOT", tmp_path)
+    monkeypatch.setattr(reports, "DOCS", tmp_path / "docs" / "results")
+    assert reports.long_context_tables().startswith("No run published yet.")
+    folder = tmp_path / "docs" / "results" / reports.LONG_CONTEXT / "demo"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(synthetic_result()))
+    block = reports.long_context_tables()
+    assert block.startswith("**demo** ([results.json](results/long_context/demo/results.json)): llama, 1,000")
+    assert "#### k = 64\n\n| local share |" in block and block.endswith(
+        "![demo](results/long_context/demo/long_context.png)\n"
+    )
 
 
 def test_the_gap_by_epoch_table_is_the_medians_over_seeds(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks import hybrid_tradeoff
+from benchmarks import hybrid_tradeoff, long_context
 from hf_attn.experiments import (
     aggregate,
     collapse_summary,
@@ -64,6 +64,7 @@ PAPER_B = (FORMAL_PAPER_SIZE, FORMAL_POSITIVES, *PAPER_B_FORMAL, SINUSOIDAL_UNSC
 HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
 HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (a folder per window, `k16`, ...,
 # a folder per model in each) and its models' pretraining
+LONG_CONTEXT = "long_context"  # benchmarks/long_context.py's results, a folder per model
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports this rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")
@@ -369,6 +370,27 @@ def hybrid_tradeoff_tables() -> str:
     return "\n".join(parts)
 
 
+def long_context_runs() -> list[tuple[Path, dict]]:
+    """The published long-context runs, a folder per model, each with its results."""
+    paths = sorted((DOCS / LONG_CONTEXT).glob("*/results.json"))
+    return [(path.parent, json.loads(path.read_text())) for path in paths]
+
+
+def long_context_tables() -> str:
+    """The long-context benchmark's notes, tables and plot per model (benchmarks/long_context.py)."""
+    parts = []
+    for folder, result in long_context_runs():
+        plot = (folder / "long_context.png").relative_to(ROOT / "docs")
+        parts.append(
+            f"**{result['name']}** ([results.json]({plot.parent}/results.json)): {long_context.notes(result)}\n\n"
+            f"{long_context.tables(result, '####')}\n![{result['name']}]({plot})\n"
+        )
+    return "\n".join(parts) or (
+        "No run published yet. To publish one: `python -m training.reports --publish outputs/long_context/NAME "
+        f"{LONG_CONTEXT}/NAME`."
+    )
+
+
 def gpt2_pretraining_text() -> str:
     """What the offline GPT-2 baseline is, from its pretraining record."""
     run = json.loads((DOCS / "gpt2_pretraining" / "results.json").read_text())
@@ -540,6 +562,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "wikitext-llama": lambda: wikitext_table("wikitext_llama_cpu"),
     "hybrid-pretraining": hybrid_pretraining_text,
     "hybrid-tradeoff": hybrid_tradeoff_tables,
+    "hybrid-long-context": long_context_tables,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
@@ -590,6 +613,8 @@ def main(argv: list[str] | None = None) -> None:
         write_family_reports(DOCS / name)
     for folder, result in hybrid_tradeoff_runs():
         hybrid_tradeoff.write_reports(result, folder)
+    for folder, result in long_context_runs():
+        long_context.write_reports(result, folder)
     for page in PAGES:
         page.write_text(splice_tables(page.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")

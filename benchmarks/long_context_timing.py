@@ -1,0 +1,76 @@
+"""Speed and memory of a hybridized model beside the unmodified one, for `benchmarks.long_context`: each measurement
+in a fresh process, so that its peak memory is its own and no allocator state or warm cache carries over.
+
+A process loads the model saved in a folder (hybridizing it when given a layout), prefills a random prompt to
+`timing_context` tokens minus `decode_steps` and times `decode_steps` greedy steps on the cache (median ms, the first
+`WARM_UP_STEPS` left out); its peak resident memory above the loaded model is Linux's VmHWM, reset after loading (the
+prefill's activations as well as the cache); then it times one prefill of `prefill_context` tokens. This module
+imports little, since every process imports it.
+"""
+
+import functools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks.common import median, peak_rss_bytes, rss_bytes, timed
+from benchmarks.generation import Decoder
+from hf_attn import hybridize
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+WARM_UP_STEPS = 2  # decode steps left out of the median
+
+
+def convert(model, layout: list[list[str]], local_window: int, sink_tokens: int):
+    """`model` hybridized to `layout`, in place. `sink_tokens` goes to `hybridize` only when nonzero, so that an
+    hf_attn without sinks runs every configuration without them."""
+    sinks = {"sink_tokens": sink_tokens} if sink_tokens else {}
+    return hybridize(model, head_layout=layout, local_window=local_window, **sinks)
+
+
+def measure_speed(spec: dict) -> dict:
+    """Run in a fresh process: the model saved at `spec["folder"]`, hybridized to `spec["layout"]` unless it is
+    None; decode ms per step, cache bytes and peak memory at `timing_context`, then prefill seconds at
+    `prefill_context`."""
+    torch.set_num_threads(spec["threads"])
+    model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=DTYPES[spec["dtype"]]).eval()
+    if spec["layout"] is not None:
+        convert(model, spec["layout"], spec["local_window"], spec["sink_tokens"])
+    generator = torch.Generator().manual_seed(0)
+
+    def prompt(tokens: int) -> torch.Tensor:
+        return torch.randint(0, model.config.vocab_size, (1, tokens), generator=generator)
+
+    Decoder(model, prompt(16))  # warm-up: allocator, kernels
+    with open("/proc/self/clear_refs", "w") as clear_refs:  # VmHWM counts from here (Linux >= 4.0)
+        clear_refs.write("5")
+    loaded = rss_bytes()
+    decoder = Decoder(model, prompt(spec["timing_context"] - spec["decode_steps"]))
+    steps = [timed(decoder.step, "cpu") for _ in range(spec["decode_steps"])]
+    measured = {"decode_ms": 1000 * median(steps[WARM_UP_STEPS:]), "cache_bytes": decoder.cache_bytes(),
+                "peak_memory_bytes": peak_rss_bytes() - loaded}  # fmt: skip
+    del decoder
+    return measured | {
+        "prefill_seconds": timed(functools.partial(Decoder, model, prompt(spec["prefill_context"])), "cpu")
+    }
+
+
+def in_fresh_process(spec: dict) -> dict:
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+        return pool.submit(measure_speed, spec).result()
+
+
+def timing_pair(spec: dict, unmodified_first: bool) -> dict:
+    """The converted model's and the unmodified one's measurements, in turn, and their ratios."""
+    order = ["unmodified", "converted"] if unmodified_first else ["converted", "unmodified"]
+    runs = {name: in_fresh_process(spec | ({"layout": None} if name == "unmodified" else {})) for name in order}
+    unmodified, converted = runs["unmodified"], runs["converted"]
+    return runs | {
+        "decode_speed_ratio": unmodified["decode_ms"] / converted["decode_ms"],  # > 1: faster
+        "prefill_time_ratio": converted["prefill_seconds"] / unmodified["prefill_seconds"],  # < 1: faster
+        "peak_memory_ratio": converted["peak_memory_bytes"] / unmodified["peak_memory_bytes"],
+        "cache_bytes_ratio": converted["cache_bytes"] / unmodified["cache_bytes"],
+    }

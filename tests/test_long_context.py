@@ -1,0 +1,238 @@
+"""Passkey prompts (hf_attn/data/passkey.py) and the long-context benchmark (benchmarks/long_context.py): exact
+prompt lengths, the needle where asked, the scorer, a tiny Llama end to end, resuming, and the reports."""
+
+import copy
+import functools
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from benchmarks import long_context
+from hf_attn import hybridize
+from hf_attn.data.passkey import (
+    FILLER,
+    NEEDLE,
+    PasskeyPrompt,
+    encode,
+    frame,
+    passkey_found,
+    passkey_keys,
+    passkey_prompt,
+    passkey_prompts,
+)
+
+SHARED = Path(__file__).parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer")
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tokenizer):
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+    return chat
+
+
+@pytest.mark.parametrize("prompt_format", ["plain", "chat"])
+@pytest.mark.parametrize("length", [90, 257, 1024])
+@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
+def test_prompt_is_exactly_as_long_as_asked_with_the_needle_at_the_depth(
+    tokenizer, chat_tokenizer, prompt_format, length, depth
+):
+    chosen = chat_tokenizer if prompt_format == "chat" else tokenizer
+    prompt = passkey_prompt(chosen, length, depth, "71432", prompt_format)
+    assert len(prompt.input_ids) == length == prompt.length
+    head, tail = frame(chosen, prompt_format)
+    needle = encode(chosen, " " + NEEDLE.format(key="71432"))
+    assert prompt.input_ids[: len(head)] == head and prompt.input_ids[-len(tail) :] == tail
+    assert prompt.input_ids[prompt.needle_start : prompt.needle_start + len(needle)] == needle
+    filler = length - len(head) - len(tail) - len(needle)
+    longest = max(len(encode(chosen, " " + sentence)) for sentence in FILLER)
+    assert abs(prompt.needle_start - len(head) - depth * filler) <= longest / 2  # the nearest sentence boundary
+    before = chosen.decode(prompt.input_ids[len(head) : prompt.needle_start])
+    assert before == "" or before.endswith("."), before  # between sentences
+    text = chosen.decode(prompt.input_ids)
+    assert text.count("71432") == 2 and text.endswith("What is the pass key?" + (
+        "\n<|assistant|>The pass key is" if prompt_format == "chat" else " The pass key is"))  # fmt: skip
+
+
+def test_prompt_refuses_what_cannot_be_built(tokenizer):
+    with pytest.raises(ValueError, match="`length` must leave room"):
+        passkey_prompt(tokenizer, 40, 0.5, "71432")
+    with pytest.raises(ValueError, match="`depth` must be in"):
+        passkey_prompt(tokenizer, 200, 1.5, "71432")
+    with pytest.raises(ValueError, match="`prompt_format` must be one of"):
+        passkey_prompt(tokenizer, 200, 0.5, "71432", "markdown")
+
+
+def test_keys_are_seeded_distinct_five_digit_numbers(tokenizer):
+    keys = passkey_keys(500, seed=3)
+    assert keys == passkey_keys(500, seed=3) != passkey_keys(500, seed=4)
+    assert len(set(keys)) == 500 and all(len(key) == 5 and key.isdigit() and key[0] != "0" for key in keys)
+    prompts = passkey_prompts(tokenizer, [100, 150], [0.1, 0.9], keys_per_depth=3, seed=3)
+    assert [(p.length, p.depth) for p in prompts[:4]] == [(100, 0.1)] * 3 + [(100, 0.9)]
+    assert [p.key for p in prompts] == keys[:12]
+
+
+@pytest.mark.parametrize(
+    "continuation, found",
+    [(" 71432. Remember it.", True), ("71432", True), (" is 71432", True), (" 7143", False), (" 714321.", False),
+     (" 171432", False), (" 71 432", False), (" the pass key.", False)],
+)  # fmt: skip
+def test_scorer_wants_the_key_as_a_whole_number(continuation, found):
+    assert passkey_found(continuation, "71432") is found
+
+
+# --- the benchmark ---------------------------------------------------------------------------------------------
+
+TINY = ["--dtype", "float32", "--data_dir", str(SHARED / "wikitext-2-raw"), "--local_windows", "4", "--sink_tokens",
+        "0", "--fractions", "0", "0.5", "--scores", "random", "loss", "mass", "gate", "--random_seeds", "0",
+        "--calibration_blocks", "2", "--calibration_block_size", "32", "--passkey_lengths", "96", "128",
+        "--passkey_depths", "0.2", "0.8", "--keys_per_depth", "1", "--new_tokens", "4", "--ppl_blocks", "2",
+        "--ppl_block_size", "64", "--prefill_context", "32", "--timing_context", "64",
+        "--decode_steps", "4", "--threads", "1"]  # fmt: skip
+
+
+def greedy_continuation(model, tokenizer, prompt: PasskeyPrompt, new_tokens: int) -> str:
+    """The reference: full forwards, no cache, argmax, stopping after an end-of-sequence token as `generate` does."""
+    ids = torch.tensor([prompt.input_ids])
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            token = model(ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, token.view(1, 1)], dim=-1)
+            if token.item() == model.generation_config.eos_token_id:
+                break
+    return tokenizer.decode(ids[0, prompt.length :], skip_special_tokens=True)
+
+
+def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, capsys, request):
+    """Every configuration measured and aggregated; the unmodified model's answers are its greedy continuations; an
+    all-global layout changes nothing; a rerun measures only the missing or corrupt configuration."""
+    request.addfinalizer(functools.partial(torch.set_num_threads, torch.get_num_threads()))  # --threads sets them
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    argv = [str(tmp_path / "tiny"), *TINY, "--output_dir", str(tmp_path / "out")]
+    long_context.main([*argv, "--skip_timing"])
+    assert "skipping score 'gate'" in capsys.readouterr().out
+    folder = tmp_path / "out" / "tiny"
+    result = json.loads((folder / "results.json").read_text())
+    rows = {long_context.Config(**row["config"]).name: row for row in result["rows"]}
+    assert sorted(rows) == sorted(["unmodified"] + [f"k4-s0-f{f}-{score}" for f in ("0", "0.5")
+                                                    for score in ("random-seed0", "loss", "mass")])  # fmt: skip
+    unmodified = rows["unmodified"]
+    for name, row in rows.items():
+        assert set(row["passkey"]) == {"96", "128"} and set(row["passkey_by_depth"]) == {"0.2", "0.8"}
+        if "-f0-" in name:  # nothing local: the unmodified model's figures
+            assert row["kv_ratio"] == 1.0 and row["local_heads"] == 0
+            assert row["perplexity"] == pytest.approx(unmodified["perplexity"], rel=1e-5)
+            assert row["passkey"] == unmodified["passkey"]
+        elif name != "unmodified":
+            assert row["kv_ratio"] == 0.5 and row["local_heads"] == 4
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny").eval()
+    prompts = passkey_prompts(tokenizer, [96, 128], [0.2, 0.8], 1)
+    answers = json.loads((folder / "configs" / "unmodified.json").read_text())["answers"]
+    for prompt, answer in zip(prompts, answers, strict=True):
+        assert answer["key"] == prompt.key and answer["answer"] == greedy_continuation(model, tokenizer, prompt, 4)
+        assert answer["found"] == passkey_found(answer["answer"], prompt.key)
+    assert unmodified["passkey"]["96"] == sum(a["found"] for a in answers[:2]) / 2
+    assert set(result["scores"]) == {"loss-k4-s0", "mass-k4-s0"} and result["timing"] == {} and result["threads"] == 1
+    assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
+    assert (folder / "long_context.png").read_bytes()[:4] == b"\x89PNG"
+
+    before = {path: path.read_bytes() for path in folder.glob("*/*.json")}
+    (folder / "configs" / "k4-s0-f0.5-random-seed0.json").unlink()
+    (folder / "configs" / "k4-s0-f0.5-loss.json").write_text('{"config": ')  # a write cut short
+    long_context.main([*argv, "--skip_timing"])
+    after = {path: path.read_bytes() for path in folder.glob("*/*.json")}
+    assert set(after) == set(before)
+    remeasured = {path.name for path in after if after[path] != before[path]}
+    assert remeasured == {"k4-s0-f0.5-random-seed0.json", "k4-s0-f0.5-loss.json"}
+    again = json.loads((folder / "results.json").read_text())
+    assert [row["perplexity"] for row in again["rows"]] == pytest.approx([row["perplexity"] for row in result["rows"]])
+
+    long_context.main([*argv, "--fractions", "0.5"])  # later, on an idle machine: the timing alone
+    assert {path.name for path in folder.glob("*/*.json")} - {path.name for path in after} == {"k4-s0-f0.5.json"}
+    assert all(path.read_bytes() == after[path] for path in after)
+    timed = json.loads((folder / "results.json").read_text())
+    assert len(timed["rows"]) == 4 and set(timed["timing"]) == {"k4-s0-f0.5"}  # unmodified + a row per score
+    pair = timed["timing"]["k4-s0-f0.5"]
+    assert pair["converted"]["cache_bytes"] < pair["unmodified"]["cache_bytes"]  # half the groups keep 5 of 64
+    assert pair["decode_speed_ratio"] > 0 and pair["unmodified"]["peak_memory_bytes"] > 0
+    assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
+
+
+def test_arguments_are_checked_together():
+    args = long_context.parse_args(["model", "--sink_tokens", "0"])
+    args.fractions, args.local_windows, args.decode_steps = [1.5], [0], 2
+    problems = long_context.argument_problems(args)
+    assert len(problems) == 3 and "--fractions" in problems[0] and "--decode_steps" in problems[-1]
+    with pytest.raises(SystemExit):
+        long_context.parse_args(["model", "--fractions", "1.5", "--local_windows", "0", "--decode_steps", "2"])
+
+
+@pytest.mark.skipif("sink_tokens" in inspect.signature(hybridize).parameters, reason="hybridize has sinks")
+def test_sinks_are_refused_until_hybridize_has_them():
+    args = long_context.parse_args(["model", "--sink_tokens", "0"])
+    args.sink_tokens = [0, 4]
+    assert long_context.argument_problems(args) == [
+        "--sink_tokens > 0 needs `hybridize(..., sink_tokens=S)`, which this hf_attn lacks; use 0"
+    ]
+
+
+def synthetic_result() -> dict:
+    """A results dict as `run` makes it: the unmodified model, two random seeds and a loss layout at one share."""
+
+    def row(window, fraction, score, seed, passkey, perplexity):
+        config = long_context.Config(window, 0, fraction, score, seed)
+        return {
+            "config": long_context.asdict(config),
+            "kv_ratio": 1 - fraction,
+            "local_heads": 0,
+            "passkey": {"1024": passkey, "4096": passkey / 2},
+            "passkey_by_depth": {},
+            "perplexity": perplexity,
+        }
+
+    timing = {"k64-s0-f0.5": {"peak_memory_ratio": 0.8, "decode_speed_ratio": 1.4, "prefill_time_ratio": 0.9}}
+    settings = {
+        "timing_context": 8192,
+        "prefill_context": 4096,
+        "passkey_depths": [0.5],
+        "keys_per_depth": 20,
+        "prompt_format": "plain",
+        "new_tokens": 10,
+        "ppl_blocks": 8,
+        "ppl_block_size": 2048,
+    }
+    return {
+        "name": "demo", "family": "llama", "parameters": 1000, "layers": 2, "heads": 4, "key_value_heads": 2,
+        "dtype": "bfloat16", "threads": 2, "settings": settings, "timing": timing,
+        "scores": {"loss-k64-s0": {"score_seconds": 120.0}}, "wall_seconds": 7200, "measured_seconds": 7000,
+        "machine": {"load_average": [2.0, 2.0, 2.0], "torch": "torch"},
+        "rows": [row(None, 0.0, "unmodified", None, 1.0, 20.0), row(64, 0.5, "random", 0, 0.5, 22.0),
+                 row(64, 0.5, "random", 1, 0.7, 26.0), row(64, 0.5, "loss", None, 1.0, 20.5)],
+    }  # fmt: skip
+
+
+def test_report_averages_random_seeds_and_gives_ratios(tmp_path):
+    result = synthetic_result()
+    text = long_context.write_reports(result, tmp_path)
+    lines = text.splitlines()
+    assert ("| local share | score | sinks | passkey 1K | passkey 4K | perplexity | vs unmodified | KV bytes / token | "
+            "peak memory at 8192 | decode speed at 8192 | prefill time at 4096 |") in lines  # fmt: skip
+    assert "| 0% | unmodified | 0 | 100% | 50% | 20.00 | 1.000x | 1.00x | 1.00x | 1.00x | 1.00x |" in lines
+    random_row = "| 50% | random (2 seeds) | 0 | 60% (50-70) | 30% (25-35) | 24.00 (22.00-26.00) | 1.200x | 0.50x |"
+    assert random_row + " 0.80x | 1.40x | 0.90x |" in lines
+    assert "| 50% | loss | 0 | 100% | 50% | 20.50 | 1.025x | 0.50x | 0.80x | 1.40x | 0.90x |" in lines
+    assert "loss-k64-s0 2.0 min" in text and "Wall time 2.0 h" in text
+    assert (tmp_path / "long_context.png").read_bytes()[:4] == b"\x89PNG"
