@@ -3,8 +3,8 @@ at 2K of a pretrained decoder hybridized by `hf_attn.hybridize`, against the sha
 each `select_heads` score and at random, with and without attention sinks; beside each, the KV bytes per token, peak
 memory, decode speed at 8K tokens of context and prefill time at 4K, as ratios to the unmodified model.
 
-    python -m benchmarks.long_context HuggingFaceTB/SmolLM2-135M-Instruct
-    python -m benchmarks.long_context FOLDER --gguf_file SmolLM2-135M-Instruct.Q4_1.gguf    # a GGUF file, offline
+    python -m benchmarks.long_context smollm2-135m-instruct              # offline: the registry package's GGUF file
+    python -m benchmarks.long_context HuggingFaceTB/SmolLM2-135M-Instruct   # online; or a folder, or a .gguf file
 
 Configurations: the unmodified model; then per window k (`--local_windows`), sink count S (`--sink_tokens`), share
 of key/value groups made local (`--fractions`) and score (`--scores`), the layout the score gives (`choose_layout`;
@@ -41,27 +41,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import GenerationConfig
 
 from benchmarks.common import describe_machine
 from benchmarks.hybrid_tradeoff import random_layout, run_name
-from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, convert, timing_pair
+from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, timing_pair
 from hf_attn import hybridize
 from hf_attn.data.passkey import PROMPT_FORMATS, PasskeyPrompt, passkey_found, passkey_prompts
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
 from hf_attn.experiments.reports import pyplot, save
 from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
+from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer
 from hf_attn.select_heads import SCORES, choose_layout, units_per_layer
 
 SCORE_NAMES = ("random", "mass", "loss", "gate")  # `random` needs no score; the others are `select_heads.SCORES`
 UNIT = "kv_group"  # only a group no global head reads shrinks the cache
 TIMING_RATIOS = ("peak_memory_ratio", "decode_speed_ratio", "prefill_time_ratio")  # the table's order
 # The settings each kind of measurement depends on: a stored one measured with others is measured again.
-SCORE_SETTINGS = ("model", "gguf_file", "dtype", "data_dir", "calibration_blocks", "calibration_block_size",
+SCORE_SETTINGS = ("model", "dtype", "data_dir", "calibration_blocks", "calibration_block_size",
                   "score_batch_size")  # fmt: skip
 QUALITY_SETTINGS = (*SCORE_SETTINGS, "prompt_format", "passkey_lengths", "passkey_depths", "keys_per_depth",
                     "key_seed", "new_tokens", "ppl_blocks", "ppl_block_size")  # fmt: skip
-TIMING_SETTINGS = ("model", "gguf_file", "dtype", "prefill_context", "timing_context", "decode_steps")
+TIMING_SETTINGS = ("model", "timing_dtype", "prefill_context", "timing_context", "decode_steps")
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,12 @@ UNMODIFIED = Config()
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("model", help="Hub id or local folder of a Llama, Qwen2, Qwen3, Mistral or GPT-2 model")
-    add("--gguf_file", help="a GGUF file in the model's folder or repository (dequantized on loading)")
+    add("model", help="a Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model: Hub id, folder, .gguf file or a short "
+        f"name of hf_attn.pretrained ({', '.join(PACKAGED_MODELS)})")  # fmt: skip
     add("--dtype", choices=list(DTYPES), default="bfloat16", help="every model's, the unmodified one's too "
         "(bfloat16: about 1.6x faster than float32 on a 2-core CPU)")  # fmt: skip
+    add("--timing_dtype", choices=list(DTYPES), default="float32", help="the timed models' (the unmodified one's too): "
+        "a CPU decodes fastest in float32, whose attention at 2K of context is 1.4x bfloat16's speed here")  # fmt: skip
     add("--data_dir", default="../shared/data/wikitext-2-raw", help="folder of wiki.{valid,test}.raw; '' for the Hub")
     add("--local_windows", type=int, nargs="+", default=[64, 256], help="k: previous tokens a local head sees")
     add("--sink_tokens", type=int, nargs="+", default=[0, 4], help="first tokens local heads also see")
@@ -139,8 +142,6 @@ def argument_problems(args) -> list[str]:
     if min(args.local_windows) < 1 or min(args.sink_tokens) < 0:
         problems.append(f"need --local_windows >= 1 and --sink_tokens >= 0, got {args.local_windows}, "
                         f"{args.sink_tokens}")  # fmt: skip
-    if max(args.sink_tokens) > 0 and "sink_tokens" not in inspect.signature(hybridize).parameters:
-        problems.append("--sink_tokens > 0 needs `hybridize(..., sink_tokens=S)`, which this hf_attn lacks; use 0")
     if args.calibration_block_size <= max(args.local_windows) + 1:
         problems.append(f"--calibration_block_size must exceed the widest window + 1 ({max(args.local_windows) + 1})"
                         f", got {args.calibration_block_size}")  # fmt: skip
@@ -158,22 +159,15 @@ def argument_problems(args) -> list[str]:
     return problems
 
 
-def load(model: str, gguf_file: str | None, dtype: str) -> tuple:
-    """The model in `dtype`, eval mode, and its tokenizer: a Hub id or folder, or a GGUF file in it. The one place
-    that loads, to be swapped for hf_attn's own loader."""
-    gguf = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(model, **gguf)
-    # `dtype` when loading, not `.to(dtype)` after, which would round the rotary frequencies to bfloat16 too.
-    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype], **gguf).eval()
-    if gguf_file:  # dequantized on loading, yet marked quantized, which `save_pretrained` refuses (a workaround)
-        loaded.hf_quantizer = None
-        del loaded.config.quantization_config
-    return loaded, tokenizer
+def load(model: str, dtype: str) -> tuple:
+    """The model in `dtype`, eval mode, and its tokenizer, from any source `hf_attn.pretrained` takes. `dtype` when
+    loading, not `.to(dtype)` after, which would round the rotary frequencies to bfloat16 too."""
+    return load_causal_lm(model, dtype=DTYPES[dtype]).eval(), load_tokenizer(model)
 
 
 def output_folder(args) -> Path:
     """OUTPUT_DIR/NAME: the GGUF file's name, else the Hub id's or folder's."""
-    return Path(args.output_dir) / (Path(args.gguf_file).stem if args.gguf_file else run_name(args.model))
+    return Path(args.output_dir) / run_name(args.model)
 
 
 # --- stored measurements ---------------------------------------------------------------------------------------
@@ -321,7 +315,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = output_folder(args)
-    model, tokenizer = load(args.model, args.gguf_file, args.dtype)
+    model, tokenizer = load(args.model, args.dtype)
     family, layers = model.config.model_type, model.config.num_hidden_layers
     parameters, heads = model.num_parameters(), model.config.num_attention_heads
     prompts = passkey_prompts(tokenizer, args.passkey_lengths, args.passkey_depths, args.keys_per_depth,
@@ -347,12 +341,13 @@ def run(args) -> dict:
                 layout = layout_for(config, ranking, model.config)
 
                 def measure_converted(config=config, layout=layout) -> dict:
-                    convert(model, layout, config.local_window, config.sink_tokens)
+                    hybridize(model, head_layout=layout, local_window=config.local_window,
+                              sink_tokens=config.sink_tokens)  # fmt: skip
                     return measure(config, args)
 
                 rows.append(measured(folder / "configs" / f"{config.name}.json", quality_settings, measure_converted))
     return {
-        "model": args.model, "gguf_file": args.gguf_file, "name": folder.name, "family": family,
+        "model": args.model, "name": folder.name, "family": family,
         "parameters": parameters, "layers": layers, "heads": heads,
         "key_value_heads": units_per_layer(model.config, UNIT), "dtype": args.dtype,
         "threads": torch.get_num_threads(), "prompt_format": args.prompt_format, "calibration_text": calibration_text,
@@ -377,7 +372,7 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
             path = folder / "timing" / f"{config.shape}.json"
             if stored(path, settings) is None and not any(Path(scratch).iterdir()):
                 model.save_pretrained(scratch)
-            spec = {"folder": scratch, "dtype": args.dtype, "threads": torch.get_num_threads(),
+            spec = {"folder": scratch, "dtype": args.timing_dtype, "threads": torch.get_num_threads(),
                     "layout": layout_for(config, None, model.config), "local_window": window, "sink_tokens": sinks,
                     **settings}  # fmt: skip
             timing[config.shape] = measured(path, settings, functools.partial(timing_pair, spec, index % 2 == 0))

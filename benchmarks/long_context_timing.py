@@ -23,13 +23,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 WARM_UP_STEPS = 2  # decode steps left out of the median
 
 
-def convert(model, layout: list[list[str]], local_window: int, sink_tokens: int):
-    """`model` hybridized to `layout`, in place. `sink_tokens` goes to `hybridize` only when nonzero, so that an
-    hf_attn without sinks runs every configuration without them."""
-    sinks = {"sink_tokens": sink_tokens} if sink_tokens else {}
-    return hybridize(model, head_layout=layout, local_window=local_window, **sinks)
-
-
 def measure_speed(spec: dict) -> dict:
     """Run in a fresh process: the model saved at `spec["folder"]`, hybridized to `spec["layout"]` unless it is
     None; decode ms per step, cache bytes and peak memory at `timing_context`, then prefill seconds at
@@ -37,7 +30,7 @@ def measure_speed(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=DTYPES[spec["dtype"]]).eval()
     if spec["layout"] is not None:
-        convert(model, spec["layout"], spec["local_window"], spec["sink_tokens"])
+        hybridize(model, head_layout=spec["layout"], local_window=spec["local_window"], sink_tokens=spec["sink_tokens"])
     generator = torch.Generator().manual_seed(0)
 
     def prompt(tokens: int) -> torch.Tensor:

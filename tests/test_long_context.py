@@ -3,7 +3,6 @@ prompt lengths, the needle where asked, the scorer, a tiny Llama end to end, res
 
 import copy
 import functools
-import inspect
 import json
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from benchmarks import long_context
-from hf_attn import hybridize
 from hf_attn.data.passkey import (
     FILLER,
     NEEDLE,
@@ -178,15 +176,6 @@ def test_arguments_are_checked_together():
     assert len(problems) == 3 and "--fractions" in problems[0] and "--decode_steps" in problems[-1]
     with pytest.raises(SystemExit):
         long_context.parse_args(["model", "--fractions", "1.5", "--local_windows", "0", "--decode_steps", "2"])
-
-
-@pytest.mark.skipif("sink_tokens" in inspect.signature(hybridize).parameters, reason="hybridize has sinks")
-def test_sinks_are_refused_until_hybridize_has_them():
-    args = long_context.parse_args(["model", "--sink_tokens", "0"])
-    args.sink_tokens = [0, 4]
-    assert long_context.argument_problems(args) == [
-        "--sink_tokens > 0 needs `hybridize(..., sink_tokens=S)`, which this hf_attn lacks; use 0"
-    ]
 
 
 def synthetic_result() -> dict:
