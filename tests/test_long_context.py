@@ -93,7 +93,7 @@ def test_scorer_wants_the_key_as_a_whole_number(continuation, found):
 TINY = ["--dtype", "float32", "--data_dir", str(SHARED / "wikitext-2-raw"), "--local_windows", "4", "--sink_tokens",
         "0", "--fractions", "0", "0.5", "--scores", "random", "loss", "mass", "gate", "--random_seeds", "0",
         "--calibration_blocks", "2", "--calibration_block_size", "32", "--passkey_lengths", "96", "128",
-        "--passkey_depths", "0.2", "0.8", "--keys_per_depth", "1", "--new_tokens", "4", "--ppl_blocks", "2",
+        "--passkey_depths", "0.2", "0.8", "--keys_per_depth", "2", "--new_tokens", "4", "--ppl_blocks", "2",
         "--ppl_block_size", "64", "--prefill_context", "32", "--timing_context", "64",
         "--decode_steps", "4", "--threads", "1"]  # fmt: skip
 
@@ -137,12 +137,12 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
         elif name != "unmodified":
             assert row["kv_ratio"] == 0.5 and row["local_heads"] == 4
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny").eval()
-    prompts = passkey_prompts(tokenizer, [96, 128], [0.2, 0.8], 1)
+    prompts = passkey_prompts(tokenizer, [96, 128], [0.2, 0.8], 2)  # two keys share a prefill per length and depth
     answers = json.loads((folder / "configs" / "unmodified.json").read_text())["answers"]
     for prompt, answer in zip(prompts, answers, strict=True):
         assert answer["key"] == prompt.key and answer["answer"] == greedy_continuation(model, tokenizer, prompt, 4)
         assert answer["found"] == passkey_found(answer["answer"], prompt.key)
-    assert unmodified["passkey"]["96"] == sum(a["found"] for a in answers[:2]) / 2
+    assert unmodified["passkey"]["96"] == sum(a["found"] for a in answers[:4]) / 4
     assert set(result["scores"]) == {"loss-k4-s0", "mass-k4-s0"} and result["timing"] == {} and result["threads"] == 1
     assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
     assert (folder / "long_context.png").read_bytes()[:4] == b"\x89PNG"
