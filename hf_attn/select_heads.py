@@ -20,7 +20,10 @@ unless `--data` names a text file; never a test split.
 """
 
 import argparse
+import contextlib
+import inspect
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,20 +31,22 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .data.wikitext import HUB_DATASET, read_text_file
-from .hybrid import family_of, hybridize, num_key_value_heads
+from .gate_scores import UNITS, check_window, gate_scores, retrieval_scores, units_per_layer
+from .hybrid import family_of, hybridize
 
-UNITS = ("kv_group", "head")
 
-
-def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) -> torch.Tensor:
-    """(layers, heads) mean share of attention weight on keys more than `local_window` tokens before the query, over
-    the queries that have such keys; `attentions` as transformers returns them, (B, H, T, T) per layer."""
+def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int, sink_tokens: int = 0) -> torch.Tensor:
+    """(layers, heads) mean share of attention weight on keys more than `local_window` tokens before the query and
+    not among the first `sink_tokens`, over the queries that have such keys; `attentions` as transformers returns
+    them, (B, H, T, T) per layer."""
     num_tokens = attentions[0].shape[-1]
     positions = torch.arange(num_tokens)
     beyond = positions[None, :] < positions[:, None] - local_window  # (T, T): key j beyond query i's window
+    beyond = beyond & (positions[None, :] >= sink_tokens)  # and not a sink
     has_beyond = beyond.any(-1)  # (T,): queries with keys that far back
     if not has_beyond.any():
-        raise ValueError(f"Calibration blocks of {num_tokens} tokens have no key beyond a window of {local_window}.")
+        raise ValueError(f"Calibration blocks of {num_tokens} tokens have no key beyond {sink_tokens} sinks and a "
+                         f"window of {local_window}.")  # fmt: skip
     scores = []
     for weights in attentions:  # (B, H, T, T)
         mass = (weights.float() * beyond).sum(-1)[..., has_beyond]  # (B, H, queries with keys beyond)
@@ -49,36 +54,55 @@ def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) 
     return torch.stack(scores)
 
 
-def mass_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
-    """(layers, units) attention mass beyond the window, averaged over `token_ids` (N, T); a key/value group scores
-    as its most far-looking head. `model` must return attention weights (eager attention)."""
+def mass_scores(
+    model, token_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int, unit: str, tokenizer=None
+) -> torch.Tensor:
+    """(layers, units) attention mass beyond the window and the sinks, averaged over `token_ids` (N, T); a key/value
+    group scores as its most far-looking head. `model` must return attention weights (eager attention)."""
+    check_window(local_window, sink_tokens)
     totals = torch.zeros(())
     for ids in batches(token_ids, batch_size, model.device):
-        totals = totals + mass_beyond_window(model(ids, output_attentions=True).attentions, local_window) * len(ids)
+        attentions = model(ids, output_attentions=True).attentions
+        totals = totals + mass_beyond_window(attentions, local_window, sink_tokens) * len(ids)
     scores = totals / len(token_ids)
     layers, heads = scores.shape
     return scores.view(layers, units_per_layer(model.config, unit), -1).amax(-1)
 
 
-def loss_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
+def loss_scores(
+    model, token_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int, unit: str, tokenizer=None
+) -> torch.Tensor:
     """(layers, units) rise of the mean language-modelling loss on `token_ids` when that unit alone is local (the
     model is hybridized in place, and left all global)."""
+    check_window(local_window, sink_tokens)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     units = units_per_layer(model.config, unit)
-    hybridize(model, local_window=local_window, attend_to_self=True)
+    hybridize_with_sinks(model, None, local_window, sink_tokens)
     baseline = mean_loss(model, token_ids, batch_size)
     scores = torch.zeros(layers, units)
     for layer in range(layers):
         for index in range(units):
             local = torch.zeros(layers, units, dtype=torch.bool)
             local[layer, index] = True
-            hybridize(model, head_layout=layout_of(local, heads), local_window=local_window, attend_to_self=True)
+            hybridize_with_sinks(model, layout_of(local, heads), local_window, sink_tokens)
             scores[layer, index] = mean_loss(model, token_ids, batch_size) - baseline
-    hybridize(model, local_window=local_window)
+    hybridize_with_sinks(model, None, local_window, sink_tokens)
     return scores
 
 
-SCORES = {"loss": loss_scores, "mass": mass_scores}
+def hybridize_with_sinks(model, head_layout: list[list[str]] | None, local_window: int, sink_tokens: int):
+    """`hybridize`, local heads seeing the first `sink_tokens` tokens too."""
+    # MERGE(sinks): `hybridize(..., sink_tokens=S)` comes with the sinks branch; at merge, pass `sink_tokens` on
+    # unconditionally and delete the check below.
+    if "sink_tokens" not in inspect.signature(hybridize).parameters:
+        if sink_tokens:
+            raise NotImplementedError("`sink_tokens` > 0 needs `hybridize(..., sink_tokens=S)`, not merged yet.")
+        return hybridize(model, head_layout=head_layout, local_window=local_window, attend_to_self=True)
+    return hybridize(model, head_layout=head_layout, local_window=local_window, attend_to_self=True,
+                     sink_tokens=sink_tokens)  # fmt: skip
+
+
+SCORES = {"loss": loss_scores, "mass": mass_scores, "gate": gate_scores, "retrieval": retrieval_scores}
 
 
 def mean_loss(model, token_ids: torch.Tensor, batch_size: int) -> float:
@@ -90,12 +114,6 @@ def batches(token_ids: torch.Tensor, batch_size: int, device) -> Iterator[torch.
     with torch.no_grad():
         for start in range(0, len(token_ids), batch_size):
             yield token_ids[start : start + batch_size].to(device)
-
-
-def units_per_layer(config, unit: str) -> int:
-    if unit not in UNITS:
-        raise ValueError(f"`unit` must be one of {list(UNITS)}, got {unit!r}")
-    return num_key_value_heads(config) if unit == "kv_group" else config.num_attention_heads
 
 
 def layout_of(local: torch.Tensor, heads: int) -> list[list[str]]:
@@ -112,6 +130,33 @@ def choose_layout(scores: torch.Tensor, local_fraction: float, heads: int) -> li
     local = torch.zeros(scores.numel(), dtype=torch.bool)
     local[scores.flatten().argsort(stable=True)[: round(local_fraction * scores.numel())]] = True
     return layout_of(local.view(scores.shape), heads)
+
+
+def settings_of(score) -> dict:
+    """A score's own keyword arguments beyond the shared ones, at their defaults (as `main` runs it)."""
+    return {name: parameter.default for name, parameter in inspect.signature(score).parameters.items()
+            if parameter.default is not inspect.Parameter.empty and name != "tokenizer"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def measured_cost(model) -> Iterator[dict]:
+    """Fills the yielded dict with the block's seconds and the model's passes: forward ones (each over a batch),
+    those of them that were followed by a backward pass (their output needed a gradient), and their tokens."""
+    cost = {"seconds": 0.0, "forward_passes": 0, "backward_passes": 0, "forward_tokens": 0}
+
+    def count(module, args, kwargs, output) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cost["forward_passes"] += 1
+        cost["forward_tokens"] += ids.numel() if ids is not None else 0
+        cost["backward_passes"] += int(output[0].requires_grad)
+
+    hook = model.base_model.register_forward_hook(count, with_kwargs=True)
+    start = time.perf_counter()
+    try:
+        yield cost
+    finally:
+        cost["seconds"] = round(time.perf_counter() - start, 1)
+        hook.remove()
 
 
 def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: int) -> torch.Tensor:
@@ -138,6 +183,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", help="tokenizer id or folder (default: the model's)")
     parser.add_argument("--unit", choices=UNITS, default="kv_group", help="what turns local together")
     parser.add_argument("--score", choices=list(SCORES), default="loss", help="what ranks the units (see above)")
+    parser.add_argument("--sink_tokens", type=int, default=0, help="first tokens a local head sees besides its window")
     parser.add_argument("--block_size", type=int, default=512, help="tokens per calibration block")
     parser.add_argument("--num_blocks", type=int, default=16, help="calibration blocks")
     parser.add_argument("--batch_size", type=int, default=4)
@@ -146,6 +192,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.local_window < 1 or args.block_size <= args.local_window + 1 or args.num_blocks < 1:
         parser.error(f"need --local_window >= 1, --block_size > local_window + 1 and --num_blocks >= 1; got "
                      f"{args.local_window}, {args.block_size}, {args.num_blocks}")  # fmt: skip
+    if args.sink_tokens < 0 or args.block_size <= args.sink_tokens + args.local_window + 1:
+        parser.error(f"need --sink_tokens >= 0 and --block_size > sink_tokens + local_window + 1; got "
+                     f"{args.sink_tokens}, {args.block_size}")  # fmt: skip
     return args
 
 
@@ -156,11 +205,15 @@ def main(argv: list[str] | None = None) -> dict:
     family_of(model.config)  # refuses what hybridize cannot take, before any scoring
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     token_ids = calibration_ids(tokenizer, args.data, args.block_size, args.num_blocks)
-    scores = SCORES[args.score](model, token_ids, args.local_window, args.batch_size, args.unit)
+    score = SCORES[args.score]
+    with measured_cost(model) as cost:
+        scores = score(model, token_ids, local_window=args.local_window, sink_tokens=args.sink_tokens,
+                       batch_size=args.batch_size, unit=args.unit, tokenizer=tokenizer)  # fmt: skip
     layout = choose_layout(scores, args.local_fraction, model.config.num_attention_heads)
     record = {
         "model": args.model, "head_layout": layout, "local_window": args.local_window,
         "local_fraction": args.local_fraction, "unit": args.unit, "score": args.score,
+        "sink_tokens": args.sink_tokens, "score_settings": settings_of(score), "cost": cost,
         "scores": [[round(value, 6) for value in layer] for layer in scores.tolist()],
         "calibration": {"data": args.data or "wikitext-2-raw-v1 validation (Hub)", "blocks": len(token_ids),
                         "block_size": args.block_size},
