@@ -1,22 +1,33 @@
 """Choose which heads of a pretrained decoder to make k-local, from calibration text.
 
-    python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--data FILE] [--output layout.json]
+    python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--sink_tokens 4] [--score gate]
     hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
 
-Two scores, lower meaning "make it local first":
+Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are for
+SmolLM2-135M (30 layers x 3 key/value groups) on 2 CPU threads, at the command's defaults (16 blocks of 512 tokens).
 
 - `loss` (the default): how much the language-modelling loss on the calibration text rises when that head (or
-  key/value group) alone is made local. It measures what matters, the model's predictions, and it sees a head that
-  retrieves from far back at only a few queries (DuoAttention's retrieval heads), which is where the harm is. It costs
-  a forward pass over the calibration text per scored unit (layers x groups, or x heads).
-- `mass`: the share of its attention weight a head puts beyond the window, averaged over the queries that have keys
-  that far back: exactly what the local mask removes. One pass scores every head, so it suits large models, but an
-  average over queries dilutes a head that retrieves rarely and ranks diffuse heads above it.
+  key/value group) alone is made local. It measures the model's predictions, but on natural text, where few tokens
+  need anything far back: it misses the heads that retrieve. One pass over the calibration text per unit: 90 x 16
+  passes of 512 tokens, about 15 minutes.
+- `mass`: the share of its attention weight a head puts beyond the window and the sinks, averaged over the queries
+  that have keys that far back: exactly what the local mask removes. One pass scores every head (16 passes, under a
+  minute), but it ranks diffuse heads of the first layers above the few that retrieve.
+- `gate` (DuoAttention, Xiao et al. 2024; `gate_scores.py`): a gate per unit mixing its full attention with its sink +
+  window attention, trained with the model frozen so that the mixed model's last hidden states on passkey answers
+  match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not lose,
+  retrieval, and weighs redundancy (units train together). 16 passes for the targets, then 48 steps of a forward and
+  backward pass of `--batch_size` blocks: a few minutes.
+- `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
+  are about to copy when they answer a passkey question. One pass per batch with attention weights; under a minute.
+  It finds the retrieval heads but says nothing about the rest, which it ranks by near-zero values.
 
-Scoring each unit alone does not see redundancy: two heads that retrieve the same thing each score low. With grouped-
-query attention (`--unit kv_group`, the default) whole key/value groups turn local, since only a group that no global
-head reads shrinks the cache; `--unit head` picks query heads. The calibration text is WikiText-2's validation split
-unless `--data` names a text file; never a test split.
+`gate` and `retrieval` hide passkeys in the calibration blocks (one per 256 tokens) and ask for them at the end.
+Scoring each unit alone (`loss`, `mass`, `retrieval`) does not see redundancy: two heads that retrieve the same thing
+each look dispensable. With grouped-query attention (`--unit kv_group`, the default) whole key/value groups turn local,
+since only a group that no global head reads shrinks the cache; `--unit head` picks query heads. `--sink_tokens S`
+lets local heads see the first S tokens too (StreamingLLM's attention sinks), as every score then assumes. The
+calibration text is WikiText-2's validation split unless `--data` names a text file; never a test split.
 """
 
 import argparse

@@ -121,8 +121,8 @@ def test_the_command_scores_retrieval_with_sinks(tmp_path, score):
     assert record["sink_tokens"] == 4 and sum(layer.count("local") for layer in record["head_layout"]) == 4
     cost = record["cost"]
     if score == "gate":  # the full model's states per block, then each step a pass forward and back
-        assert record["score_settings"]["steps"] == 64
-        assert cost["backward_passes"] == 64 and cost["forward_passes"] == 2 + 64
+        assert record["score_settings"]["steps"] == 48
+        assert cost["backward_passes"] == 48 and cost["forward_passes"] == 2 + 48
     else:
         assert cost["backward_passes"] == 0 and cost["forward_passes"] == 1 and cost["forward_tokens"] == 2 * 512
 
