@@ -4,23 +4,24 @@
     hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
 
 Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are for
-SmolLM2-135M (30 layers x 3 key/value groups) on 2 CPU threads, at the command's defaults (16 blocks of 512 tokens).
+SmolLM2-135M (30 layers x 3 key/value groups) at the command's defaults (16 blocks of 512 tokens), on an idle 2-core
+CPU; docs/hybrid.md compares the layouts they choose.
 
 - `loss` (the default): how much the language-modelling loss on the calibration text rises when that head (or
   key/value group) alone is made local. It measures the model's predictions, but on natural text, where few tokens
-  need anything far back: it misses the heads that retrieve. One pass over the calibration text per unit: 90 x 16
-  passes of 512 tokens, about 15 minutes.
+  need anything far back, so it keeps fewer of the heads that retrieve than `gate`. One pass over the calibration
+  text per unit: 91 x 16 passes, about 13 minutes.
 - `mass`: the share of its attention weight a head puts beyond the window and the sinks, averaged over the queries
-  that have keys that far back: exactly what the local mask removes. One pass scores every head (16 passes, under a
-  minute), but it ranks diffuse heads of the first layers above the few that retrieve.
+  that have keys that far back: exactly what the local mask removes. One pass scores every head (16 passes, seconds),
+  but it ranks the diffuse heads of the first layers above the few that retrieve.
 - `gate` (DuoAttention, Xiao et al. 2024; `gate_scores.py`): a gate per unit mixing its full attention with its sink +
   window attention, trained with the model frozen so that the mixed model's last hidden states on passkey answers
-  match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not lose,
-  retrieval, and weighs redundancy (units train together). 16 passes for the targets, then 48 steps of a forward and
-  backward pass of `--batch_size` blocks: a few minutes.
+  match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not
+  lose, retrieval, and units train together, so redundancy counts. 16 passes for the targets, then 48 steps of a
+  forward and backward pass of `--batch_size` blocks: about 5 minutes (1.5 with `--batch_size 1`).
 - `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
-  are about to copy when they answer a passkey question. One pass per batch with attention weights; under a minute.
-  It finds the retrieval heads but says nothing about the rest, which it ranks by near-zero values.
+  are about to copy when they answer a passkey question. One pass per batch with attention weights, seconds. It finds
+  the heads that copy but ranks all the others by near-zero values.
 
 `gate` and `retrieval` hide passkeys in the calibration blocks (one per 256 tokens) and ask for them at the end.
 Scoring each unit alone (`loss`, `mass`, `retrieval`) does not see redundancy: two heads that retrieve the same thing
