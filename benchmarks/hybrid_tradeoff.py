@@ -157,7 +157,9 @@ def run_model(name: str, args) -> dict:
     original = test_perplexity(model)
     baseline = timing_model(model)
     timing = copy.deepcopy(baseline)
-    scores = loss_scores(model, calibration, args.local_window, args.batch_size, args.unit)
+    scores = loss_scores(
+        model, calibration, local_window=args.local_window, sink_tokens=0, batch_size=args.batch_size, unit=args.unit
+    )
     heads = model.config.num_attention_heads
     rows = []
     for fraction in args.fractions:

@@ -29,7 +29,6 @@ Writes OUTPUT_DIR/NAME/{results.json, results.md, long_context.png}.
 import argparse
 import copy
 import functools
-import inspect
 import itertools
 import json
 import math
@@ -55,7 +54,7 @@ from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
 from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer
 from hf_attn.select_heads import SCORES, choose_layout, units_per_layer
 
-SCORE_NAMES = ("random", "mass", "loss", "gate")  # `random` needs no score; the others are `select_heads.SCORES`
+SCORE_NAMES = ("random", *SCORES)  # `random` needs no score
 UNIT = "kv_group"  # only a group no global head reads shrinks the cache
 TIMING_RATIOS = ("peak_memory_ratio", "decode_speed_ratio", "prefill_time_ratio")  # the table's order
 # The settings each kind of measurement depends on: a stored one measured with others is measured again.
@@ -206,18 +205,11 @@ def settings_of(args, names: tuple[str, ...]) -> dict:
 
 
 def score_groups(name: str, model, calibration: torch.Tensor, window: int, sinks: int, args, tokenizer) -> dict:
-    """`select_heads.SCORES[name]` for (k, S), and how long it took. The one place that knows their call convention
-    (`sink_tokens` and `tokenizer` are passed where the score takes them)."""
-    function = SCORES[name]
-    keywords = dict(local_window=window, batch_size=args.score_batch_size, unit=UNIT)
-    parameters = inspect.signature(function).parameters
-    if sinks:
-        keywords["sink_tokens"] = sinks
-    if "tokenizer" in parameters:
-        keywords["tokenizer"] = tokenizer
-    hybridize(model, local_window=window)  # every head global; returns attention weights for `mass`
+    """`select_heads.SCORES[name]` for (k, S), and how long it took."""
+    hybridize(model, local_window=window, sink_tokens=sinks)  # every head global; returns attention weights (`mass`)
     start = time.perf_counter()
-    scores = function(model, calibration, **keywords)
+    scores = SCORES[name](model, calibration, local_window=window, sink_tokens=sinks, batch_size=args.score_batch_size,
+                          unit=UNIT, tokenizer=tokenizer)  # fmt: skip
     return {"scores": scores.tolist(), "score_seconds": time.perf_counter() - start}
 
 
@@ -325,12 +317,8 @@ def wikitext_blocks(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
 
 
 def configurations(args) -> list[tuple[int, int, str]]:
-    """(k, S, score) in the order they run, scores missing from `select_heads.SCORES` left out with a message."""
-    missing = [name for name in args.scores if name != "random" and name not in SCORES]
-    for name in missing:
-        print(f"skipping score {name!r}: not in hf_attn.select_heads.SCORES ({', '.join(SCORES)}) yet")
-    scores = [name for name in args.scores if name not in missing]
-    return list(itertools.product(args.local_windows, args.sink_tokens, scores))
+    """(k, S, score) in the order they run: the order the arguments give."""
+    return list(itertools.product(args.local_windows, args.sink_tokens, args.scores))
 
 
 def run(args) -> dict:

@@ -1,53 +1,73 @@
 """Choose which heads of a pretrained decoder to make k-local, from calibration text.
 
-    python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--data FILE] [--output layout.json]
+    python -m hf_attn.select_heads MODEL --local_fraction 0.5 --local_window 64 [--sink_tokens 4] [--score gate]
+        [--data FILE] [--output layout.json]
 
 MODEL is a Hub id, a local folder, a `.gguf` file or a folder holding one (`hf_attn.pretrained`).
     hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
 
-Two scores, lower meaning "make it local first":
+Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are for
+SmolLM2-135M (30 layers x 3 key/value groups) at the command's defaults (16 blocks of 512 tokens), on an idle 2-core
+CPU; docs/hybrid.md compares the layouts they choose.
 
 - `loss` (the default): how much the language-modelling loss on the calibration text rises when that head (or
-  key/value group) alone is made local. It measures what matters, the model's predictions, and it sees a head that
-  retrieves from far back at only a few queries (DuoAttention's retrieval heads), which is where the harm is. It costs
-  a forward pass over the calibration text per scored unit (layers x groups, or x heads).
-- `mass`: the share of its attention weight a head puts beyond the window, averaged over the queries that have keys
-  that far back: exactly what the local mask removes. One pass scores every head, so it suits large models, but an
-  average over queries dilutes a head that retrieves rarely and ranks diffuse heads above it.
+  key/value group) alone is made local. It measures the model's predictions, but on natural text, where few tokens
+  need anything far back, so it keeps fewer of the heads that retrieve than `gate`. One pass over the calibration
+  text per unit: 91 x 16 passes, about 13 minutes.
+- `mass`: the share of its attention weight a head puts beyond the window and the sinks, averaged over the queries
+  that have keys that far back: exactly what the local mask removes. One pass scores every head (16 passes, seconds),
+  but it ranks the diffuse heads of the first layers above the few that retrieve.
+- `gate` (DuoAttention, Xiao et al. 2024; `gate_scores.py`): a gate per unit mixing its full attention with its sink +
+  window attention, trained with the model frozen so that the mixed model's last hidden states on passkey answers
+  match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not
+  lose, retrieval, and units train together, so redundancy counts. 16 passes for the targets, then 48 steps of a
+  forward and backward pass of `--batch_size` blocks: about 5 minutes (1.5 with `--batch_size 1`).
+- `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
+  are about to copy when they answer a passkey question. One pass per batch with attention weights, seconds. It finds
+  the heads that copy but ranks all the others by near-zero values.
 
-Scoring each unit alone does not see redundancy: two heads that retrieve the same thing each score low. With grouped-
-query attention (`--unit kv_group`, the default) whole key/value groups turn local, since only a group that no global
-head reads shrinks the cache; `--unit head` picks query heads. The calibration text is WikiText-2's validation split
-unless `--data` names a text file (never a test split): ../shared/data/wikitext-2-raw/wiki.valid.raw where it exists
-(beside a clone, as the training configs have it), else the Hub's.
+`gate` and `retrieval` hide passkeys in the calibration blocks (one per 256 tokens) and ask for them at the end.
+Scoring each unit alone (`loss`, `mass`, `retrieval`) does not see redundancy: two heads that retrieve the same thing
+each look dispensable. With grouped-query attention (`--unit kv_group`, the default) whole key/value groups turn local,
+since only a group that no global head reads shrinks the cache; `--unit head` picks query heads. `--sink_tokens S`
+lets local heads see the first S tokens too (StreamingLLM's attention sinks), as every score then assumes. The
+calibration text is WikiText-2's validation split unless `--data` names a text file (never a test split):
+../shared/data/wikitext-2-raw/wiki.valid.raw where it exists (beside a clone, as the training configs have it), else
+the Hub's.
 """
 
 import argparse
+import contextlib
+import inspect
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from .data.wikitext import HUB_DATASET, WIKITEXT_FILES, read_text_file
+from .gate_scores import UNITS, check_window, gate_scores, retrieval_scores, units_per_layer
 from .hub import hub_offline
-from .hybrid import family_of, hybridize, num_key_value_heads
+from .hybrid import family_of, hybridize
 from .pretrained import load_causal_lm, load_tokenizer
 
-UNITS = ("kv_group", "head")
 # WikiText-2's validation text beside a clone, where the training configs find it (relative to the working folder).
 LOCAL_CALIBRATION = Path("../shared/data/wikitext-2-raw") / WIKITEXT_FILES["validation"]
 
 
-def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) -> torch.Tensor:
-    """(layers, heads) mean share of attention weight on keys more than `local_window` tokens before the query, over
-    the queries that have such keys; `attentions` as transformers returns them, (B, H, T, T) per layer."""
+def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int, sink_tokens: int = 0) -> torch.Tensor:
+    """(layers, heads) mean share of attention weight on keys more than `local_window` tokens before the query and
+    not among the first `sink_tokens`, over the queries that have such keys; `attentions` as transformers returns
+    them, (B, H, T, T) per layer."""
     num_tokens = attentions[0].shape[-1]
     positions = torch.arange(num_tokens)
     beyond = positions[None, :] < positions[:, None] - local_window  # (T, T): key j beyond query i's window
+    beyond = beyond & (positions[None, :] >= sink_tokens)  # and not a sink
     has_beyond = beyond.any(-1)  # (T,): queries with keys that far back
     if not has_beyond.any():
-        raise ValueError(f"Calibration blocks of {num_tokens} tokens have no key beyond a window of {local_window}.")
+        raise ValueError(f"Calibration blocks of {num_tokens} tokens have no key beyond {sink_tokens} sinks and a "
+                         f"window of {local_window}.")  # fmt: skip
     scores = []
     for weights in attentions:  # (B, H, T, T)
         mass = (weights.float() * beyond).sum(-1)[..., has_beyond]  # (B, H, queries with keys beyond)
@@ -55,36 +75,43 @@ def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int) 
     return torch.stack(scores)
 
 
-def mass_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
-    """(layers, units) attention mass beyond the window, averaged over `token_ids` (N, T); a key/value group scores
-    as its most far-looking head. `model` must return attention weights (eager attention)."""
+def mass_scores(
+    model, token_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int, unit: str, tokenizer=None
+) -> torch.Tensor:
+    """(layers, units) attention mass beyond the window and the sinks, averaged over `token_ids` (N, T); a key/value
+    group scores as its most far-looking head. `model` must return attention weights (eager attention)."""
+    check_window(local_window, sink_tokens)
     totals = torch.zeros(())
     for ids in batches(token_ids, batch_size, model.device):
-        totals = totals + mass_beyond_window(model(ids, output_attentions=True).attentions, local_window) * len(ids)
+        attentions = model(ids, output_attentions=True).attentions
+        totals = totals + mass_beyond_window(attentions, local_window, sink_tokens) * len(ids)
     scores = totals / len(token_ids)
     layers, heads = scores.shape
     return scores.view(layers, units_per_layer(model.config, unit), -1).amax(-1)
 
 
-def loss_scores(model, token_ids: torch.Tensor, local_window: int, batch_size: int, unit: str) -> torch.Tensor:
+def loss_scores(
+    model, token_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int, unit: str, tokenizer=None
+) -> torch.Tensor:
     """(layers, units) rise of the mean language-modelling loss on `token_ids` when that unit alone is local (the
     model is hybridized in place, and left all global)."""
+    check_window(local_window, sink_tokens)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     units = units_per_layer(model.config, unit)
-    hybridize(model, local_window=local_window, attend_to_self=True)
+    hybridize(model, local_window=local_window, sink_tokens=sink_tokens)
     baseline = mean_loss(model, token_ids, batch_size)
     scores = torch.zeros(layers, units)
     for layer in range(layers):
         for index in range(units):
             local = torch.zeros(layers, units, dtype=torch.bool)
             local[layer, index] = True
-            hybridize(model, head_layout=layout_of(local, heads), local_window=local_window, attend_to_self=True)
+            hybridize(model, head_layout=layout_of(local, heads), local_window=local_window, sink_tokens=sink_tokens)
             scores[layer, index] = mean_loss(model, token_ids, batch_size) - baseline
-    hybridize(model, local_window=local_window)
+    hybridize(model, local_window=local_window, sink_tokens=sink_tokens)
     return scores
 
 
-SCORES = {"loss": loss_scores, "mass": mass_scores}
+SCORES = {"loss": loss_scores, "mass": mass_scores, "gate": gate_scores, "retrieval": retrieval_scores}
 
 
 def mean_loss(model, token_ids: torch.Tensor, batch_size: int) -> float:
@@ -96,12 +123,6 @@ def batches(token_ids: torch.Tensor, batch_size: int, device) -> Iterator[torch.
     with torch.no_grad():
         for start in range(0, len(token_ids), batch_size):
             yield token_ids[start : start + batch_size].to(device)
-
-
-def units_per_layer(config, unit: str) -> int:
-    if unit not in UNITS:
-        raise ValueError(f"`unit` must be one of {list(UNITS)}, got {unit!r}")
-    return num_key_value_heads(config) if unit == "kv_group" else config.num_attention_heads
 
 
 def layout_of(local: torch.Tensor, heads: int) -> list[list[str]]:
@@ -118,6 +139,33 @@ def choose_layout(scores: torch.Tensor, local_fraction: float, heads: int) -> li
     local = torch.zeros(scores.numel(), dtype=torch.bool)
     local[scores.flatten().argsort(stable=True)[: round(local_fraction * scores.numel())]] = True
     return layout_of(local.view(scores.shape), heads)
+
+
+def settings_of(score) -> dict:
+    """A score's own keyword arguments beyond the shared ones, at their defaults (as `main` runs it)."""
+    return {name: parameter.default for name, parameter in inspect.signature(score).parameters.items()
+            if parameter.default is not inspect.Parameter.empty and name != "tokenizer"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def measured_cost(model) -> Iterator[dict]:
+    """Fills the yielded dict with the block's seconds and the model's passes: forward ones (each over a batch),
+    those of them that were followed by a backward pass (their output needed a gradient), and their tokens."""
+    cost = {"seconds": 0.0, "forward_passes": 0, "backward_passes": 0, "forward_tokens": 0}
+
+    def count(module, args, kwargs, output) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cost["forward_passes"] += 1
+        cost["forward_tokens"] += ids.numel() if ids is not None else 0
+        cost["backward_passes"] += int(output[0].requires_grad)
+
+    hook = model.base_model.register_forward_hook(count, with_kwargs=True)
+    start = time.perf_counter()
+    try:
+        yield cost
+    finally:
+        cost["seconds"] = round(time.perf_counter() - start, 1)
+        hook.remove()
 
 
 def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: int) -> torch.Tensor:
@@ -146,6 +194,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", help="tokenizer id, folder or .gguf file (default: the model's)")
     parser.add_argument("--unit", choices=UNITS, default="kv_group", help="what turns local together")
     parser.add_argument("--score", choices=list(SCORES), default="loss", help="what ranks the units (see above)")
+    parser.add_argument("--sink_tokens", type=int, default=0, help="first tokens a local head sees besides its window")
     parser.add_argument("--block_size", type=int, default=512, help="tokens per calibration block")
     parser.add_argument("--num_blocks", type=int, default=16, help="calibration blocks")
     parser.add_argument("--batch_size", type=int, default=4)
@@ -154,6 +203,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.local_window < 1 or args.block_size <= args.local_window + 1 or args.num_blocks < 1:
         parser.error(f"need --local_window >= 1, --block_size > local_window + 1 and --num_blocks >= 1; got "
                      f"{args.local_window}, {args.block_size}, {args.num_blocks}")  # fmt: skip
+    if args.sink_tokens < 0 or args.block_size <= args.sink_tokens + args.local_window + 1:
+        parser.error(f"need --sink_tokens >= 0 and --block_size > sink_tokens + local_window + 1; got "
+                     f"{args.sink_tokens}, {args.block_size}")  # fmt: skip
     if args.data is None and LOCAL_CALIBRATION.is_file():
         args.data = str(LOCAL_CALIBRATION)
     elif args.data is None and hub_offline():
@@ -169,11 +221,15 @@ def main(argv: list[str] | None = None) -> dict:
     family_of(model.config)  # refuses what hybridize cannot take, before any scoring
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     token_ids = calibration_ids(tokenizer, args.data, args.block_size, args.num_blocks)
-    scores = SCORES[args.score](model, token_ids, args.local_window, args.batch_size, args.unit)
+    score = SCORES[args.score]
+    with measured_cost(model) as cost:
+        scores = score(model, token_ids, local_window=args.local_window, sink_tokens=args.sink_tokens,
+                       batch_size=args.batch_size, unit=args.unit, tokenizer=tokenizer)  # fmt: skip
     layout = choose_layout(scores, args.local_fraction, model.config.num_attention_heads)
     record = {
         "model": args.model, "head_layout": layout, "local_window": args.local_window,
         "local_fraction": args.local_fraction, "unit": args.unit, "score": args.score,
+        "sink_tokens": args.sink_tokens, "score_settings": settings_of(score), "cost": cost,
         "scores": [[round(value, 6) for value in layer] for layer in scores.tolist()],
         "calibration": {"data": args.data or "wikitext-2-raw-v1 validation (Hub)", "blocks": len(token_ids),
                         "block_size": args.block_size},

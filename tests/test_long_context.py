@@ -91,8 +91,8 @@ def test_scorer_wants_the_key_as_a_whole_number(continuation, found):
 # --- the benchmark ---------------------------------------------------------------------------------------------
 
 TINY = ["--dtype", "float32", "--data_dir", str(SHARED / "wikitext-2-raw"), "--local_windows", "4", "--sink_tokens",
-        "0", "--fractions", "0", "0.5", "--scores", "random", "loss", "mass", "gate", "--random_seeds", "0",
-        "--calibration_blocks", "2", "--calibration_block_size", "32", "--passkey_lengths", "96", "128",
+        "0", "2", "--fractions", "0", "0.5", "--scores", "random", "loss", "mass", "gate", "--random_seeds", "0",
+        "--calibration_blocks", "2", "--calibration_block_size", "160", "--passkey_lengths", "96", "128",
         "--passkey_depths", "0.2", "0.8", "--keys_per_depth", "2", "--new_tokens", "4", "--ppl_blocks", "2",
         "--ppl_block_size", "64", "--prefill_context", "32", "--timing_context", "64",
         "--decode_steps", "4", "--threads", "1"]  # fmt: skip
@@ -121,12 +121,11 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
     tokenizer.save_pretrained(tmp_path / "tiny")
     argv = [str(tmp_path / "tiny"), *TINY, "--output_dir", str(tmp_path / "out")]
     long_context.main([*argv, "--skip_timing"])
-    assert "skipping score 'gate'" in capsys.readouterr().out
     folder = tmp_path / "out" / "tiny"
     result = json.loads((folder / "results.json").read_text())
     rows = {long_context.Config(**row["config"]).name: row for row in result["rows"]}
-    assert sorted(rows) == sorted(["unmodified"] + [f"k4-s0-f{f}-{score}" for f in ("0", "0.5")
-                                                    for score in ("random-seed0", "loss", "mass")])  # fmt: skip
+    assert sorted(rows) == sorted(["unmodified"] + [f"k4-s{s}-f{f}-{score}" for s in (0, 2) for f in ("0", "0.5")
+                                                    for score in ("random-seed0", "loss", "mass", "gate")])  # fmt: skip
     unmodified = rows["unmodified"]
     for name, row in rows.items():
         assert set(row["passkey"]) == {"96", "128"} and set(row["passkey_by_depth"]) == {"0.2", "0.8"}
@@ -143,7 +142,8 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
         assert answer["key"] == prompt.key and answer["answer"] == greedy_continuation(model, tokenizer, prompt, 4)
         assert answer["found"] == passkey_found(answer["answer"], prompt.key)
     assert unmodified["passkey"]["96"] == sum(a["found"] for a in answers[:4]) / 4
-    assert set(result["scores"]) == {"loss-k4-s0", "mass-k4-s0"} and result["timing"] == {} and result["threads"] == 1
+    assert set(result["scores"]) == {f"{score}-k4-s{s}" for score in ("loss", "mass", "gate") for s in (0, 2)}
+    assert result["timing"] == {} and result["threads"] == 1
     assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
     assert (folder / "long_context.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -159,10 +159,11 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
     assert [row["perplexity"] for row in again["rows"]] == pytest.approx([row["perplexity"] for row in result["rows"]])
 
     long_context.main([*argv, "--fractions", "0.5"])  # later, on an idle machine: the timing alone
-    assert {path.name for path in folder.glob("*/*.json")} - {path.name for path in after} == {"k4-s0-f0.5.json"}
+    assert {path.name for path in folder.glob("*/*.json")} - {path.name for path in after} == {"k4-s0-f0.5.json",
+                                                                                                "k4-s2-f0.5.json"}
     assert all(path.read_bytes() == after[path] for path in after)
     timed = json.loads((folder / "results.json").read_text())
-    assert len(timed["rows"]) == 4 and set(timed["timing"]) == {"k4-s0-f0.5"}  # unmodified + a row per score
+    assert len(timed["rows"]) == 9 and set(timed["timing"]) == {"k4-s0-f0.5", "k4-s2-f0.5"}  # unmodified + 2 x 4
     pair = timed["timing"]["k4-s0-f0.5"]
     assert pair["converted"]["cache_bytes"] < pair["unmodified"]["cache_bytes"]  # half the groups keep 5 of 64
     assert pair["decode_speed_ratio"] > 0 and pair["unmodified"]["peak_memory_bytes"] > 0

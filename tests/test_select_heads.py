@@ -53,7 +53,8 @@ def retriever():
 def test_the_loss_score_keeps_the_retrieval_head_global(retriever):
     rows = retrieval_rows(256, seed=10_000)
     assert retrieval_accuracy(retriever, rows) > 0.95
-    scores = loss_scores(retriever, retrieval_rows(64, seed=20_000), local_window=2, batch_size=32, unit="head")
+    rows_for_scoring = retrieval_rows(64, seed=20_000)
+    scores = loss_scores(retriever, rows_for_scoring, local_window=2, sink_tokens=0, batch_size=32, unit="head")
     # The loss is over every position, so losing the answer (1 of 15) raises it by about ln(8) / 15 = 0.14.
     assert scores.shape == (1, 4) and scores[0].argmax() == 0 and scores[0, 0] > 0.05
     layout = choose_layout(scores, local_fraction=0.75, heads=4)
@@ -71,6 +72,11 @@ def test_mass_beyond_the_window_is_the_weight_on_keys_more_than_k_back():
         values = [weights[b, h, i, : i - 2].sum() for b in range(2) for i in range(3, 6)]  # queries 3-5 see beyond 2
         expected[0, h] = torch.stack(values).mean()
     torch.testing.assert_close(mass_beyond_window((weights,), local_window=2), expected)
+    # With a sink, key 0 is kept by a local head too: query 3 sees nothing beyond, queries 4-5 keys 1 to i - 3.
+    for h in range(3):
+        values = [weights[b, h, i, 1 : i - 2].sum() for b in range(2) for i in range(4, 6)]
+        expected[0, h] = torch.stack(values).mean()
+    torch.testing.assert_close(mass_beyond_window((weights,), local_window=2, sink_tokens=1), expected)
 
 
 def test_choose_layout_makes_the_lowest_scoring_groups_local_whole():
@@ -102,9 +108,33 @@ def test_the_command_writes_a_layout_hybridize_takes(tmp_path, score):
     assert sum(layer.count("local") for layer in model.config.kv_head_layout) == 2
 
 
+@pytest.mark.parametrize("score", ["gate", "retrieval"])
+def test_the_command_scores_retrieval_with_sinks(tmp_path, score):
+    """Blocks of 512 tokens hold two passkeys; the record names the score's settings and what it cost."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    record = main([str(tmp_path / "model"), "--local_fraction", "0.5", "--local_window", "8", "--score", score,
+                   "--sink_tokens", "4", "--data", str(SHARED / "wikitext-2-raw" / "wiki.valid.raw"), "--tokenizer",
+                   str(SHARED / "gpt2-tokenizer"), "--block_size", "512", "--num_blocks", "2", "--batch_size", "2",
+                   "--output", str(tmp_path / "layout.json")])  # fmt: skip
+    assert record["sink_tokens"] == 4 and sum(layer.count("local") for layer in record["head_layout"]) == 4
+    cost = record["cost"]
+    if score == "gate":  # the full model's states per block, then each step a pass forward and back
+        assert record["score_settings"]["steps"] == 48
+        assert cost["backward_passes"] == 48 and cost["forward_passes"] == 2 + 48
+    else:
+        assert cost["backward_passes"] == 0 and cost["forward_passes"] == 1 and cost["forward_tokens"] == 2 * 512
+
+
 def test_the_command_refuses_a_window_as_long_as_the_blocks(tmp_path):
     with pytest.raises(SystemExit):
         main(["model", "--local_fraction", "0.5", "--local_window", "32", "--block_size", "32"])
+    with pytest.raises(SystemExit):  # the sinks and the window fill the block
+        main(["model", "--local_fraction", "0.5", "--local_window", "16", "--sink_tokens", "16", "--block_size", "32"])
+    with pytest.raises(SystemExit):
+        main(["model", "--local_fraction", "0.5", "--local_window", "4", "--sink_tokens", "-1"])
 
 
 def test_the_command_takes_a_gguf_file_and_calibrates_offline_on_the_text_beside_the_clone(tmp_path, monkeypatch):
