@@ -1,3 +1,4 @@
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,3 +38,17 @@ def tiny_config(model_type: str, **overrides):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def trained_retriever():
+    """The model of tests/retrieval_task.py, trained once for every test that scores heads."""
+    from retrieval_task import train_retriever
+
+    return train_retriever()
+
+
+@pytest.fixture
+def retriever(trained_retriever):
+    """A copy of the trained retriever, all global: tests hybridize it in place."""
+    return copy.deepcopy(trained_retriever)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from retrieval_task import retrieval_rows
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
@@ -152,41 +153,6 @@ def test_retrieval_text_hides_passkeys_and_recalls_them_at_the_end():
     assert recalled.count("passkey?") == 4 and "What is the third passkey? The third passkey is:" in recalled
     copying = (text.source[0] >= 0).nonzero()[:, 0]
     assert (text.ids[0][copying + 1] == text.ids[0][text.source[0][copying]]).all()
-
-
-# A model whose one retrieval head is known, as in test_select_heads.py: a key, fillers, the separator, the key again.
-KEYS, FILLERS, LENGTH = 8, 8, 16
-SEPARATOR = KEYS + FILLERS
-
-
-def retrieval_rows(num_rows: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randint(KEYS, KEYS + FILLERS, (num_rows, LENGTH), generator=generator)
-    rows[:, 0] = torch.randint(0, KEYS, (num_rows,), generator=generator)
-    rows[:, -2], rows[:, -1] = SEPARATOR, rows[:, 0]
-    return rows
-
-
-@pytest.fixture(scope="module")
-def retriever():
-    """1 layer, 4 heads, trained with heads 1-3 2-local so that only head 0 learns to retrieve the key; the model
-    returned has every head global, as a pretrained one."""
-    from hf_attn import hybridize
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=4, n_embd=32, vocab_size=SEPARATOR + 1, n_positions=LENGTH,
-                                       bos_token_id=None, eos_token_id=None))  # fmt: skip
-    hybridize(model, head_layout=[["global", "local", "local", "local"]], local_window=2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in range(80):
-        rows = retrieval_rows(64, seed=step)
-        only_the_answer = torch.full_like(rows, -100)
-        only_the_answer[:, -1] = rows[:, -1]
-        loss = model(rows, labels=only_the_answer).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return hybridize(model.eval(), local_window=2)  # all global
 
 
 def known_retrieval_text(num_rows: int, seed: int) -> RetrievalText:

@@ -6,48 +6,18 @@ from pathlib import Path
 import pytest
 import torch
 from gguf_files import write_llama_gguf
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from retrieval_task import retrieval_rows
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_attn import hybridize
 from hf_attn.select_heads import choose_layout, loss_scores, main, mass_beyond_window
 
 SHARED = Path(__file__).parents[2] / "shared" / "data"
-KEYS, FILLERS, LENGTH = 8, 8, 16  # tokens 0-7 are keys, 8-15 fillers, 16 the separator
-SEPARATOR = KEYS + FILLERS
-
-
-def retrieval_rows(num_rows: int, seed: int) -> torch.Tensor:
-    """A key, random fillers, the separator, the key again: predicting the last token needs the first, 14 back."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randint(KEYS, KEYS + FILLERS, (num_rows, LENGTH), generator=generator)
-    rows[:, 0] = torch.randint(0, KEYS, (num_rows,), generator=generator)
-    rows[:, -2], rows[:, -1] = SEPARATOR, rows[:, 0]
-    return rows
 
 
 def retrieval_accuracy(model, rows: torch.Tensor) -> float:
     with torch.no_grad():
         return (model(rows).logits[:, -2].argmax(-1) == rows[:, -1]).float().mean().item()
-
-
-@pytest.fixture(scope="module")
-def retriever():
-    """A 1-layer, 4-head GPT-2 trained on the retrieval rows with heads 1-3 2-local, so that only head 0 can learn to
-    retrieve; then made all global again: a "pretrained" model whose one retrieval head is known."""
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=4, n_embd=32, vocab_size=SEPARATOR + 1, n_positions=LENGTH,
-                                       bos_token_id=None, eos_token_id=None))  # fmt: skip
-    hybridize(model, head_layout=[["global", "local", "local", "local"]], local_window=2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in range(80):
-        rows = retrieval_rows(64, seed=step)
-        only_the_answer = torch.full_like(rows, -100)
-        only_the_answer[:, -1] = rows[:, -1]  # the fillers are noise: their loss would drown the answer's
-        loss = model(rows, labels=only_the_answer).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return hybridize(model.eval(), local_window=2)  # all global
 
 
 def test_the_loss_score_keeps_the_retrieval_head_global(retriever):
