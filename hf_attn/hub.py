@@ -141,8 +141,9 @@ def head_counts(config: HfAttnConfig) -> list[tuple[str, dict[str, int]]]:
 
 
 def kind_settings(kind: HeadKind, config: HfAttnConfig) -> dict:
-    """The config fields that shape what heads of `kind` see, e.g. `{"local_window": 2}`."""
-    return {field: getattr(config, field) for field in kind.config_fields}
+    """The config fields that shape what heads of `kind` see, e.g. `{"local_window": 2}`; one at 0 switches
+    something off (no sinks) and is left out."""
+    return {field: getattr(config, field) for field in kind.config_fields if getattr(config, field) != 0}
 
 
 def mask_grids(kinds: list[HeadKind], config: HfAttnConfig, size: int = 5) -> list[str]:
