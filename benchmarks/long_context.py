@@ -58,10 +58,10 @@ SCORE_NAMES = ("random", *SCORES)  # `random` needs no score
 UNIT = "kv_group"  # only a group no global head reads shrinks the cache
 TIMING_RATIOS = ("peak_memory_ratio", "decode_speed_ratio", "prefill_time_ratio")  # the table's order
 # The settings each kind of measurement depends on: a stored one measured with others is measured again.
-SCORE_SETTINGS = ("model", "dtype", "data_dir", "calibration_blocks", "calibration_block_size",
+SCORE_SETTINGS = ("model", "dtype", "device", "data_dir", "calibration_blocks", "calibration_block_size",
                   "score_batch_size")  # fmt: skip
 QUALITY_SETTINGS = (*SCORE_SETTINGS, "prompt_format", "passkey_lengths", "passkey_depths", "keys_per_depth",
-                    "key_seed", "new_tokens", "ppl_blocks", "ppl_block_size")  # fmt: skip
+                    "key_seed", "new_tokens", "passkey_batch_size", "ppl_blocks", "ppl_block_size")  # fmt: skip
 TIMING_SETTINGS = ("model", "timing_dtype", "prefill_context", "timing_context", "decode_steps")
 
 
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(bfloat16: about 1.6x faster than float32 on a 2-core CPU)")  # fmt: skip
     add("--timing_dtype", choices=list(DTYPES), default="float32", help="the timed models' (the unmodified one's too): "
         "a CPU decodes fastest in float32, whose attention at 2K of context is 1.4x bfloat16's speed here")  # fmt: skip
+    add("--device", default="cpu", help="where scores, passkeys and perplexity run (cuda: a GPU); timing is the CPU's")
     add("--data_dir", default="../shared/data/wikitext-2-raw", help="folder of wiki.{valid,test}.raw; '' for the Hub")
     add("--local_windows", type=int, nargs="+", default=[64, 256], help="k: previous tokens a local head sees")
     add("--sink_tokens", type=int, nargs="+", default=[0, 4], help="first tokens local heads also see")
@@ -115,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--keys_per_depth", type=int, default=4, help="prompts per length and depth")
     add("--key_seed", type=int, default=0)
     add("--new_tokens", type=int, default=10, help="greedy tokens generated per prompt (a key and its space: 6)")
+    add("--passkey_batch_size", type=int, default=1, help="prompts of one length generated together; 1: one at a "
+        "time, prompts of one depth sharing the prefill of their common filler (a CPU's fastest)")  # fmt: skip
     add("--ppl_blocks", type=int, default=8, help="WikiText-2 test blocks scored (the first ones)")
     add("--ppl_block_size", type=int, default=2048)
     add("--prefill_context", type=int, default=4096, help="tokens of the timed prefill")
@@ -124,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "it may run later, apart, into the same --output_dir")  # fmt: skip
     add("--threads", type=int, help="torch threads, the timing processes' too (default: torch's; on a busy machine 1 "
         "can be several times faster than 2)")  # fmt: skip
+    add(
+        "--stored_only",
+        action="store_true",
+        help="measure nothing: results.json and the reports from the records "
+        "in --output_dir (some measured elsewhere, say quality on a GPU and timing on an idle CPU), on the CPU",
+    )
     add("--output_dir", default="outputs/long_context")
     args = parser.parse_args(argv)
     if problems := argument_problems(args):
@@ -146,7 +155,8 @@ def argument_problems(args) -> list[str]:
         problems.append(f"--calibration_block_size must exceed the widest window + 1 ({max(args.local_windows) + 1})"
                         f", got {args.calibration_block_size}")  # fmt: skip
     counts = dict(calibration_blocks=args.calibration_blocks, score_batch_size=args.score_batch_size,
-                  keys_per_depth=args.keys_per_depth, new_tokens=args.new_tokens, ppl_blocks=args.ppl_blocks,
+                  keys_per_depth=args.keys_per_depth, new_tokens=args.new_tokens,
+                  passkey_batch_size=args.passkey_batch_size, ppl_blocks=args.ppl_blocks,
                   prefill_context=args.prefill_context,
                   threads=1 if args.threads is None else args.threads)  # fmt: skip
     problems += [f"--{name} must be >= 1, got {value}" for name, value in counts.items() if value < 1]
@@ -156,13 +166,15 @@ def argument_problems(args) -> list[str]:
         problems.append(f"--decode_steps must be in ({WARM_UP_STEPS}, --timing_context), got {args.decode_steps}")
     if "random" in args.scores and not args.random_seeds:
         problems.append("--random_seeds must name a seed when --scores has random")
+    if args.device.startswith("cuda") and not (torch.cuda.is_available() or args.stored_only):
+        problems.append(f"--device {args.device} needs a GPU that torch sees; use cpu")
     return problems
 
 
-def load(model: str, dtype: str) -> tuple:
-    """The model in `dtype`, eval mode, and its tokenizer, from any source `hf_attn.pretrained` takes. `dtype` when
-    loading, not `.to(dtype)` after, which would round the rotary frequencies to bfloat16 too."""
-    return load_causal_lm(model, dtype=DTYPES[dtype]).eval(), load_tokenizer(model)
+def load(model: str, dtype: str, device: str = "cpu") -> tuple:
+    """The model in `dtype` on `device`, eval mode, and its tokenizer, from any source `hf_attn.pretrained` takes.
+    `dtype` when loading, not `.to(dtype)` after, which would round the rotary frequencies to bfloat16 too."""
+    return load_causal_lm(model, dtype=DTYPES[dtype]).to(device).eval(), load_tokenizer(model)
 
 
 def output_folder(args) -> Path:
@@ -183,11 +195,13 @@ def stored(path: Path, settings: dict) -> dict | None:
     return record if isinstance(record, dict) and record.get("settings") == settings else None
 
 
-def measured(path: Path, settings: dict, measure: Callable[[], dict]) -> dict:
+def measured(path: Path, settings: dict, measure: Callable[[], dict], stored_only: bool = False) -> dict:
     """The record stored at `path` (`stored`), else `measure()`'s with its seconds and the load average, stored first
-    (atomically: an interrupted write leaves no file)."""
+    (atomically: an interrupted write leaves no file); `stored_only`: a missing record is an error."""
     if (record := stored(path, settings)) is not None:
         return record
+    if stored_only:
+        raise SystemExit(f"--stored_only: {path} is missing or was measured with other settings than {settings}")
     start = time.perf_counter()
     record = measure() | {"settings": settings, "seconds": time.perf_counter() - start, "load_average": os.getloadavg()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,16 +239,38 @@ def layout_for(config: Config, scores: list | None, model_config) -> list[list[s
 # --- quality: passkey retrieval and perplexity -----------------------------------------------------------------
 
 
-def passkey_answers(model, tokenizer, prompts: list[PasskeyPrompt], new_tokens: int) -> list[dict]:
+def passkey_answers(model, tokenizer, prompts: list[PasskeyPrompt], new_tokens: int, batch_size: int = 1) -> list[dict]:
     """Each prompt's greedy continuation (`generate`, the model's default cache) and whether it names the key.
 
-    Prompts of one length and depth share the filler before their needle: it is prefilled once, and each prompt's
-    `generate` continues from a copy of that cache, computing what prefilling the whole prompt would (a third less
-    work at the default depths). A prompt's seconds include its share of the shared prefill."""
+    One prompt at a time (`batch_size` 1), prompts of one length and depth share the filler before their needle: it
+    is prefilled once, and each prompt's `generate` continues from a copy of that cache, computing what prefilling the
+    whole prompt would (a third less work at the default depths). Otherwise prompts of one length (each exactly that
+    many tokens, so no padding) are generated `batch_size` at a time. A prompt's seconds include its share of any
+    shared work."""
     generation = GenerationConfig(do_sample=False, max_new_tokens=new_tokens,
                                   eos_token_id=model.generation_config.eos_token_id,
                                   pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)  # fmt: skip
+
+    def answer(prompt: PasskeyPrompt, continuation: torch.Tensor, seconds: float) -> dict:
+        text = tokenizer.decode(continuation, skip_special_tokens=True)
+        return {"length": prompt.length, "depth": prompt.depth, "key": prompt.key, "answer": text,
+                "found": passkey_found(text, prompt.key), "seconds": seconds}  # fmt: skip
+
     answers = []
+    if batch_size > 1:
+        for _, group in itertools.groupby(prompts, key=lambda prompt: prompt.length):
+            group = list(group)
+            for batch in (group[i : i + batch_size] for i in range(0, len(group), batch_size)):
+                start = time.perf_counter()
+                input_ids = torch.tensor([prompt.input_ids for prompt in batch], device=model.device)
+                with torch.no_grad():
+                    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                            generation_config=generation)  # fmt: skip
+                seconds = (time.perf_counter() - start) / len(batch)
+                answers += [
+                    answer(prompt, row[prompt.length :], seconds) for prompt, row in zip(batch, output, strict=True)
+                ]
+        return answers
     for _, group in itertools.groupby(prompts, key=lambda prompt: (prompt.length, prompt.depth)):
         group = list(group)
         start = time.perf_counter()
@@ -251,10 +287,7 @@ def passkey_answers(model, tokenizer, prompts: list[PasskeyPrompt], new_tokens: 
                 cache = copy.deepcopy(prefix)
                 output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), past_key_values=cache,
                                         generation_config=generation)  # fmt: skip
-            text = tokenizer.decode(output[0, prompt.length :], skip_special_tokens=True)
-            seconds = prefill_seconds + time.perf_counter() - start
-            answers.append({"length": prompt.length, "depth": prompt.depth, "key": prompt.key, "answer": text,
-                            "found": passkey_found(text, prompt.key), "seconds": seconds})  # fmt: skip
+            answers.append(answer(prompt, output[0, prompt.length :], prefill_seconds + time.perf_counter() - start))
     return answers
 
 
@@ -283,7 +316,7 @@ def block_perplexity(model, blocks: torch.Tensor) -> float:
 
 
 def quality(model, tokenizer, prompts: list[PasskeyPrompt], test_blocks: torch.Tensor, config: Config, args) -> dict:
-    answers = passkey_answers(model, tokenizer, prompts, args.new_tokens)
+    answers = passkey_answers(model, tokenizer, prompts, args.new_tokens, args.passkey_batch_size)
     hybrid = config.local_window is not None
     kv_ratio = cache_bytes_per_token(model.config) / original_cache_bytes_per_token(model.config) if hybrid else 1.0
     local_heads = sum(layer.count("local") for layer in model.config.head_layout) if hybrid else 0
@@ -294,6 +327,7 @@ def quality(model, tokenizer, prompts: list[PasskeyPrompt], test_blocks: torch.T
                                                                      if a["length"] == length)
                                        for length in args.passkey_lengths},
         "perplexity": block_perplexity(model, test_blocks), "answers": answers,
+        "device": describe_machine(str(model.device)),
     }  # fmt: skip
 
 
@@ -326,7 +360,8 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = output_folder(args)
-    model, tokenizer = load(args.model, args.dtype)
+    model, tokenizer = load(args.model, args.dtype, "cpu" if args.stored_only else args.device)
+    measured_here = functools.partial(measured, stored_only=args.stored_only)
     family, layers = model.config.model_type, model.config.num_hidden_layers
     parameters, heads = model.num_parameters(), model.config.num_attention_heads
     prompts = passkey_prompts(tokenizer, args.passkey_lengths, args.passkey_depths, args.keys_per_depth,
@@ -335,14 +370,14 @@ def run(args) -> dict:
     timing = {} if args.skip_timing else time_shapes(model, args, folder)  # first: the model is not hybridized yet
     quality_settings = settings_of(args, QUALITY_SETTINGS)
     measure = functools.partial(quality, model, tokenizer, prompts, test_blocks)
-    rows = [measured(folder / "configs" / "unmodified.json", quality_settings, functools.partial(measure, UNMODIFIED,
-                                                                                                 args))]  # fmt: skip
+    unmodified = functools.partial(measure, UNMODIFIED, args)
+    rows = [measured_here(folder / "configs" / "unmodified.json", quality_settings, unmodified)]
     scores = {}
     for window, sinks, score in configurations(args):
         ranking = None
         if score != "random":
             compute = functools.partial(score_groups, score, model, calibration, window, sinks, args, tokenizer)
-            scores[f"{score}-k{window}-s{sinks}"] = record = measured(
+            scores[f"{score}-k{window}-s{sinks}"] = record = measured_here(
                 folder / "scores" / f"{score}-k{window}-s{sinks}.json", settings_of(args, SCORE_SETTINGS), compute
             )
             ranking = record["scores"]
@@ -356,7 +391,9 @@ def run(args) -> dict:
                               sink_tokens=config.sink_tokens)  # fmt: skip
                     return measure(config, args)
 
-                rows.append(measured(folder / "configs" / f"{config.name}.json", quality_settings, measure_converted))
+                rows.append(
+                    measured_here(folder / "configs" / f"{config.name}.json", quality_settings, measure_converted)
+                )
     return {
         "model": args.model, "name": folder.name, "family": family,
         "parameters": parameters, "layers": layers, "heads": heads,
@@ -366,7 +403,8 @@ def run(args) -> dict:
         "scores": scores, "timing": timing, "settings": vars(args),
         "wall_seconds": time.perf_counter() - start,
         "measured_seconds": sum(record["seconds"] for record in [*rows, *scores.values(), *timing.values()]),
-        "machine": {"load_average": os.getloadavg(), "torch": describe_machine("cpu")},
+        "machine": {"load_average": os.getloadavg(), "torch": describe_machine("cpu"),
+                    "quality": rows[0].get("device", describe_machine("cpu"))},
     }  # fmt: skip
 
 
@@ -381,12 +419,14 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
         for index, (window, sinks, fraction) in enumerate(shapes):
             config = Config(window, sinks, fraction, "random", 0)
             path = folder / "timing" / f"{config.shape}.json"
-            if stored(path, settings) is None and not any(Path(scratch).iterdir()):
+            if stored(path, settings) is None and not args.stored_only and not any(Path(scratch).iterdir()):
                 model.save_pretrained(scratch)
             spec = {"folder": scratch, "dtype": args.timing_dtype, "threads": torch.get_num_threads(),
                     "layout": layout_for(config, None, model.config), "local_window": window, "sink_tokens": sinks,
                     **settings}  # fmt: skip
-            timing[config.shape] = measured(path, settings, functools.partial(timing_pair, spec, index % 2 == 0))
+            timing[config.shape] = measured(
+                path, settings, functools.partial(timing_pair, spec, index % 2 == 0), args.stored_only
+            )
     return timing
 
 
@@ -459,8 +499,9 @@ def notes(result: dict) -> str:
     )
     return (
         f"{result['family']}, {result['parameters']:,} parameters, {result['layers']} layers of {result['heads']} "
-        f"query heads over {result['key_value_heads']} key/value groups; {result['dtype']}, {result['threads']} "
-        f"threads. Passkey: {prompts} prompts per length ({settings['prompt_format']} text, depths "
+        f"query heads over {result['key_value_heads']} key/value groups. Scores, passkeys and perplexity in "
+        f"{result['dtype']} on {result['machine']['quality']}; timing in {settings['timing_dtype']} on the CPU. "
+        f"Passkey: {prompts} prompts per length ({settings['prompt_format']} text, depths "
         f"{', '.join(f'{d:g}' for d in settings['passkey_depths'])}), greedy, {settings['new_tokens']} new tokens. "
         f"Perplexity: WikiText-2 test, {settings['ppl_blocks']} non-overlapping blocks of {settings['ppl_block_size']}"
         f" tokens. Ranges: min-max over random layouts' seeds. KV bytes per token, peak memory (resident, above the "

@@ -246,7 +246,7 @@ def train_gates(
             with torch.no_grad():
                 gates.clamp_(0, 1)
                 mean_gates += gates / steps
-    return gates.detach() + TIE_BREAK * mean_gates
+    return (gates.detach() + TIE_BREAK * mean_gates).cpu()
 
 
 def last_hidden(model, ids: torch.Tensor, recall: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int, 
     not among the first `sink_tokens`, over the queries that have such keys; `attentions` as transformers returns
     them, (B, H, T, T) per layer."""
     num_tokens = attentions[0].shape[-1]
-    positions = torch.arange(num_tokens)
+    positions = torch.arange(num_tokens, device=attentions[0].device)
     beyond = positions[None, :] < positions[:, None] - local_window  # (T, T): key j beyond query i's window
     beyond = beyond & (positions[None, :] >= sink_tokens)  # and not a sink
     has_beyond = beyond.any(-1)  # (T,): queries with keys that far back
@@ -72,7 +72,7 @@ def mass_beyond_window(attentions: tuple[torch.Tensor, ...], local_window: int, 
     for weights in attentions:  # (B, H, T, T)
         mass = (weights.float() * beyond).sum(-1)[..., has_beyond]  # (B, H, queries with keys beyond)
         scores.append(mass.mean((0, 2)))
-    return torch.stack(scores)
+    return torch.stack(scores).cpu()
 
 
 def mass_scores(

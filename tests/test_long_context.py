@@ -159,8 +159,10 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
     assert [row["perplexity"] for row in again["rows"]] == pytest.approx([row["perplexity"] for row in result["rows"]])
 
     long_context.main([*argv, "--fractions", "0.5"])  # later, on an idle machine: the timing alone
-    assert {path.name for path in folder.glob("*/*.json")} - {path.name for path in after} == {"k4-s0-f0.5.json",
-                                                                                                "k4-s2-f0.5.json"}
+    assert {path.name for path in folder.glob("*/*.json")} - {path.name for path in after} == {
+        "k4-s0-f0.5.json",
+        "k4-s2-f0.5.json",
+    }
     assert all(path.read_bytes() == after[path] for path in after)
     timed = json.loads((folder / "results.json").read_text())
     assert len(timed["rows"]) == 9 and set(timed["timing"]) == {"k4-s0-f0.5", "k4-s2-f0.5"}  # unmodified + 2 x 4
@@ -168,6 +170,28 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
     assert pair["converted"]["cache_bytes"] < pair["unmodified"]["cache_bytes"]  # half the groups keep 5 of 64
     assert pair["decode_speed_ratio"] > 0 and pair["unmodified"]["peak_memory_bytes"] > 0
     assert "| 50% | loss | 0 | " in (folder / "results.md").read_text()
+
+    # Measured elsewhere (quality on a GPU, timing on an idle CPU): the reports from the records alone.
+    stamps = {path: path.stat().st_mtime_ns for path in folder.glob("*/*.json")}
+    long_context.main([*argv, "--fractions", "0.5", "--stored_only"])
+    assert {path: path.stat().st_mtime_ns for path in folder.glob("*/*.json")} == stamps  # nothing measured
+    rebuilt = json.loads((folder / "results.json").read_text())
+    assert rebuilt["rows"] == timed["rows"] and rebuilt["timing"] == timed["timing"]
+    (folder / "configs" / "k4-s2-f0.5-gate.json").unlink()
+    with pytest.raises(SystemExit, match="k4-s2-f0.5-gate.json is missing"):
+        long_context.main([*argv, "--fractions", "0.5", "--stored_only"])
+
+
+def test_batched_passkeys_answer_as_one_at_a_time(tokenizer):
+    """Prompts of one length generated together (a GPU's fastest) give each prompt's greedy continuation."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    prompts = passkey_prompts(tokenizer, [96, 128], [0.2, 0.8], 2)
+    answers = long_context.passkey_answers(model, tokenizer, prompts, 4, batch_size=3)  # batches of 3 and 1
+    assert [(a["length"], a["key"]) for a in answers] == [(p.length, p.key) for p in prompts]
+    assert [a["answer"] for a in answers] == [greedy_continuation(model, tokenizer, p, 4) for p in prompts]
 
 
 def test_arguments_are_checked_together():
@@ -200,6 +224,7 @@ def synthetic_result() -> dict:
         "passkey_depths": [0.5],
         "keys_per_depth": 20,
         "prompt_format": "plain",
+        "timing_dtype": "float32",
         "new_tokens": 10,
         "ppl_blocks": 8,
         "ppl_block_size": 2048,
@@ -208,7 +233,7 @@ def synthetic_result() -> dict:
         "name": "demo", "family": "llama", "parameters": 1000, "layers": 2, "heads": 4, "key_value_heads": 2,
         "dtype": "bfloat16", "threads": 2, "settings": settings, "timing": timing,
         "scores": {"loss-k64-s0": {"score_seconds": 120.0}}, "wall_seconds": 7200, "measured_seconds": 7000,
-        "machine": {"load_average": [2.0, 2.0, 2.0], "torch": "torch"},
+        "machine": {"load_average": [2.0, 2.0, 2.0], "torch": "torch", "quality": "a GPU"},
         "rows": [row(None, 0.0, "unmodified", None, 1.0, 20.0), row(64, 0.5, "random", 0, 0.5, 22.0),
                  row(64, 0.5, "random", 1, 0.7, 26.0), row(64, 0.5, "loss", None, 1.0, 20.5)],
     }  # fmt: skip
@@ -224,5 +249,5 @@ def test_report_averages_random_seeds_and_gives_ratios(tmp_path):
     random_row = "| 50% | random (2 seeds) | 0 | 60% (50-70) | 30% (25-35) | 24.00 (22.00-26.00) | 1.200x | 0.50x |"
     assert random_row + " 0.80x | 1.40x | 0.90x |" in lines
     assert "| 50% | loss | 0 | 100% | 50% | 20.50 | 1.025x | 0.50x | 0.80x | 1.40x | 0.90x |" in lines
-    assert "loss-k64-s0 2.0 min" in text and "Wall time 2.0 h" in text
+    assert "loss-k64-s0 2.0 min" in text and "Wall time 2.0 h" in text and "perplexity in bfloat16 on a GPU" in text
     assert (tmp_path / "long_context.png").read_bytes()[:4] == b"\x89PNG"
