@@ -18,11 +18,18 @@ WikiText-2 validation blocks, never test, and timed. Each configuration gets:
 Speed and memory depend on the layout's shape, not on which groups: per (k, S, share) one layout (random, seed 0) is
 timed beside the unmodified model, each in a fresh process of the model saved once to a scratch folder, the order
 alternating so that the machine's drift falls on both (`benchmarks/long_context_timing.py`): decode ms per token and
-peak memory at `--timing_context` tokens of context, prefill seconds at `--prefill_context`. Ratios are per pair.
+peak memory at `--timing_context` tokens of context, prefill seconds at `--prefill_context`; `--timing_repeats`
+pairs, each ratio their median.
 
 Resumable: each measurement is written to OUTPUT_DIR/NAME/{configs,scores,timing}/*.json as soon as it ends; a rerun
 with the same settings keeps them (one that does not parse, or was measured with other settings, is measured again),
-so `--skip_timing` on a busy machine, then the same command without it on an idle one, times only.
+so `--skip_timing` on a busy machine, then the same command without it on an idle one, times only. Quality may be
+measured on a GPU and the timing on an idle CPU, the reports made from both records alone:
+
+    python -m benchmarks.long_context MODEL --device cuda --passkey_batch_size 20 --skip_timing   # on the GPU
+    python -m benchmarks.long_context MODEL --device cuda --passkey_batch_size 20 --timing_only   # idle CPU
+    python -m benchmarks.long_context MODEL --device cuda --passkey_batch_size 20 --stored_only   # the reports
+
 Writes OUTPUT_DIR/NAME/{results.json, results.md, long_context.png}.
 """
 
@@ -45,7 +52,7 @@ from transformers import GenerationConfig
 
 from benchmarks.common import describe_machine
 from benchmarks.hybrid_tradeoff import random_layout, run_name
-from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, timing_pair
+from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, timing_pairs
 from hf_attn import hybridize
 from hf_attn.data.passkey import PROMPT_FORMATS, PasskeyPrompt, passkey_found, passkey_prompts
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
@@ -62,7 +69,7 @@ SCORE_SETTINGS = ("model", "dtype", "device", "data_dir", "calibration_blocks", 
                   "score_batch_size")  # fmt: skip
 QUALITY_SETTINGS = (*SCORE_SETTINGS, "prompt_format", "passkey_lengths", "passkey_depths", "keys_per_depth",
                     "key_seed", "new_tokens", "passkey_batch_size", "ppl_blocks", "ppl_block_size")  # fmt: skip
-TIMING_SETTINGS = ("model", "timing_dtype", "prefill_context", "timing_context", "decode_steps")
+TIMING_SETTINGS = ("model", "timing_dtype", "prefill_context", "timing_context", "decode_steps", "timing_repeats")
 
 
 @dataclass(frozen=True)
@@ -123,16 +130,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--prefill_context", type=int, default=4096, help="tokens of the timed prefill")
     add("--timing_context", type=int, default=8192, help="tokens of context at the end of the timed decode")
     add("--decode_steps", type=int, default=32, help="timed greedy steps (the first two are warm-up)")
-    add("--skip_timing", action="store_true", help="passkey and perplexity only: timing wants an idle machine, so "
-        "it may run later, apart, into the same --output_dir")  # fmt: skip
+    add("--timing_repeats", type=int, default=3, help="pairs of fresh processes per shape; the ratios are medians")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--skip_timing", action="store_true", help="scores, passkey and perplexity only: timing wants "
+                      "an idle machine, so it may run later, apart, into the same --output_dir")  # fmt: skip
+    only.add_argument("--timing_only", action="store_true", help="time every shape on the CPU, nothing else, no "
+                      "report")  # fmt: skip
+    only.add_argument("--stored_only", action="store_true", help="measure nothing: results.json and the reports "
+                      "from the records in --output_dir, made elsewhere (quality on a GPU, say, timing on an idle "
+                      "CPU)")  # fmt: skip
     add("--threads", type=int, help="torch threads, the timing processes' too (default: torch's; on a busy machine 1 "
         "can be several times faster than 2)")  # fmt: skip
-    add(
-        "--stored_only",
-        action="store_true",
-        help="measure nothing: results.json and the reports from the records "
-        "in --output_dir (some measured elsewhere, say quality on a GPU and timing on an idle CPU), on the CPU",
-    )
     add("--output_dir", default="outputs/long_context")
     args = parser.parse_args(argv)
     if problems := argument_problems(args):
@@ -157,7 +165,7 @@ def argument_problems(args) -> list[str]:
     counts = dict(calibration_blocks=args.calibration_blocks, score_batch_size=args.score_batch_size,
                   keys_per_depth=args.keys_per_depth, new_tokens=args.new_tokens,
                   passkey_batch_size=args.passkey_batch_size, ppl_blocks=args.ppl_blocks,
-                  prefill_context=args.prefill_context,
+                  prefill_context=args.prefill_context, timing_repeats=args.timing_repeats,
                   threads=1 if args.threads is None else args.threads)  # fmt: skip
     problems += [f"--{name} must be >= 1, got {value}" for name, value in counts.items() if value < 1]
     if args.ppl_block_size < 2:
@@ -166,7 +174,7 @@ def argument_problems(args) -> list[str]:
         problems.append(f"--decode_steps must be in ({WARM_UP_STEPS}, --timing_context), got {args.decode_steps}")
     if "random" in args.scores and not args.random_seeds:
         problems.append("--random_seeds must name a seed when --scores has random")
-    if args.device.startswith("cuda") and not (torch.cuda.is_available() or args.stored_only):
+    if args.device.startswith("cuda") and not (torch.cuda.is_available() or args.stored_only or args.timing_only):
         problems.append(f"--device {args.device} needs a GPU that torch sees; use cpu")
     return problems
 
@@ -360,7 +368,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = output_folder(args)
-    model, tokenizer = load(args.model, args.dtype, "cpu" if args.stored_only else args.device)
+    model, tokenizer = load(args.model, args.dtype, args.device if measuring_quality(args) else "cpu")
     measured_here = functools.partial(measured, stored_only=args.stored_only)
     family, layers = model.config.model_type, model.config.num_hidden_layers
     parameters, heads = model.num_parameters(), model.config.num_attention_heads
@@ -402,14 +410,13 @@ def run(args) -> dict:
         "rows": [{key: value for key, value in row.items() if key != "answers"} for row in rows],
         "scores": scores, "timing": timing, "settings": vars(args),
         "wall_seconds": time.perf_counter() - start,
-        "measured_seconds": sum(record["seconds"] for record in [*rows, *scores.values(), *timing.values()]),
         "machine": {"load_average": os.getloadavg(), "torch": describe_machine("cpu"),
                     "quality": rows[0].get("device", describe_machine("cpu"))},
     }  # fmt: skip
 
 
 def time_shapes(model, args, folder: Path) -> dict[str, dict]:
-    """Each layout shape (k, S, share) timed beside the unmodified model (`timing_pair`), with a random layout
+    """Each layout shape (k, S, share) timed beside the unmodified model (`timing_pairs`), with a random layout
     (seed 0). `model` must not be hybridized yet: it is saved, once, for the processes to load, when something is
     left to time."""
     settings = settings_of(args, TIMING_SETTINGS)
@@ -425,7 +432,10 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
                     "layout": layout_for(config, None, model.config), "local_window": window, "sink_tokens": sinks,
                     **settings}  # fmt: skip
             timing[config.shape] = measured(
-                path, settings, functools.partial(timing_pair, spec, index % 2 == 0), args.stored_only
+                path,
+                settings,
+                functools.partial(timing_pairs, spec, args.timing_repeats, index % 2 == 0),
+                args.stored_only,
             )
     return timing
 
@@ -506,11 +516,25 @@ def notes(result: dict) -> str:
         f"Perplexity: WikiText-2 test, {settings['ppl_blocks']} non-overlapping blocks of {settings['ppl_block_size']}"
         f" tokens. Ranges: min-max over random layouts' seeds. KV bytes per token, peak memory (resident, above the "
         f"loaded model) and prefill time: ratios to the unmodified model (< 1: less); decode speed: its ms per token "
-        f"over ours (> 1: faster); each shape timed once, in fresh processes, beside the unmodified model. Scores "
-        f"computed in: {score_times or 'none'}. Wall time {result['wall_seconds'] / 3600:.1f} h "
-        f"({result['measured_seconds'] / 3600:.1f} h measuring, resumed runs included); load average "
-        f"{result['machine']['load_average'][0]:.1f} at the end ({result['machine']['torch']})."
+        f"over ours (> 1: faster); each shape timed beside the unmodified model in {settings['timing_repeats']} "
+        f"pairs of fresh processes, the median ratio. Scores computed in: {score_times or 'none'}. Measuring took "
+        f"{hours(result['rows'], result['scores'].values())} "
+        f"for the scores, passkeys and perplexity and {hours(result['timing'].values())} for the timing, resumed runs "
+        f"included{wall_time(result)}."
     )
+
+
+def hours(*records) -> str:
+    return f"{sum(record['seconds'] for group in records for record in group) / 3600:.1f} h"
+
+
+def wall_time(result: dict) -> str:
+    """The run's wall time and load, unless it only read records measured elsewhere (`--stored_only`)."""
+    if result["settings"].get("stored_only"):
+        return ""
+    machine = result["machine"]
+    return (f"; wall time {result['wall_seconds'] / 3600:.1f} h, load average {machine['load_average'][0]:.1f} at "
+            f"the end ({machine['torch']})")  # fmt: skip
 
 
 def tables(result: dict, heading: str = "##") -> str:
@@ -570,9 +594,17 @@ def write_reports(result: dict, folder: Path) -> str:
     return text
 
 
+def measuring_quality(args) -> bool:
+    return not (args.stored_only or args.timing_only)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    if args.timing_only:
+        timing = time_shapes(load(args.model, args.dtype)[0], args, output_folder(args))
+        print(json.dumps({shape: {name: pair[name] for name in TIMING_RATIOS} for shape, pair in timing.items()}))
+        return
     result = run(args)
     folder = output_folder(args)
     (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
