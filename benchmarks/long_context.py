@@ -368,7 +368,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = output_folder(args)
-    model, tokenizer = load(args.model, args.dtype, args.device if measuring_quality(args) else "cpu")
+    model, tokenizer = load(args.model, args.dtype, "cpu" if args.stored_only else args.device)
     measured_here = functools.partial(measured, stored_only=args.stored_only)
     family, layers = model.config.model_type, model.config.num_hidden_layers
     parameters, heads = model.num_parameters(), model.config.num_attention_heads
@@ -592,10 +592,6 @@ def write_reports(result: dict, folder: Path) -> str:
     (folder / "results.md").write_text(text)
     plot(result, folder / "long_context.png")
     return text
-
-
-def measuring_quality(args) -> bool:
-    return not (args.stored_only or args.timing_only)
 
 
 def main(argv: list[str] | None = None) -> None:
