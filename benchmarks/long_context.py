@@ -431,12 +431,8 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
             spec = {"folder": scratch, "dtype": args.timing_dtype, "threads": torch.get_num_threads(),
                     "layout": layout_for(config, None, model.config), "local_window": window, "sink_tokens": sinks,
                     **settings}  # fmt: skip
-            timing[config.shape] = measured(
-                path,
-                settings,
-                functools.partial(timing_pairs, spec, args.timing_repeats, index % 2 == 0),
-                args.stored_only,
-            )
+            pairs = functools.partial(timing_pairs, spec, args.timing_repeats, index % 2 == 0)
+            timing[config.shape] = measured(path, settings, pairs, stored_only=args.stored_only)
     return timing
 
 
