@@ -2,8 +2,9 @@
 only what that kind needs, as its `HEAD_KINDS` entry says.
 
 - global heads: every key and value (`DynamicLayer`, or `StaticLayer` for `cache_implementation="static"`);
-- local heads: the last `local_window` keys and values (`DynamicSlidingWindowLayer` / `StaticSlidingWindowLayer`;
-  their windows count the query itself, so k-local heads get a window of k + 1);
+- local heads: the last `local_window` keys and values, and the first `sink_tokens` (`DynamicSlidingWindowLayer`,
+  whose window counts the query itself, so k-local heads get a window of k + 1, or `SinkWindowLayer` with sinks;
+  `StaticSinkWindowLayer`, k slots and one per sink, for a static cache);
 - positional heads: values only (their keys are zero wide), since their weights come from positions.
 
 So a local-only model decodes with a cache of constant size, and what transformers builds on its layers works as for
@@ -19,7 +20,6 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     StaticLayer,
-    StaticSlidingWindowLayer,
 )
 
 from .configuration_hf_attn import HfAttnConfig
@@ -207,6 +207,97 @@ class SinkWindowLayer(LayerOfLayers):
             self.prefix.crop(from_window - remove)
 
 
+# The index of a slot that holds no token: beyond every query, so causal order hides it, and beyond every mask.
+NO_TOKEN = 2**62
+# The entry of the keys `HeadKindLayer.update` returns from a static cache: per kind, the index of each key it returned
+# (a `StaticSinkWindowLayer`'s), or None where each slot is its token's index (a `StaticLayer`'s).
+KEY_INDEX = "hf_attn_key_index"
+
+
+class StaticSinkWindowLayer(StaticLayer):
+    """The static, compileable cache of a local kind: `prefix_tokens` slots for the first tokens (the sinks, and
+    room for left padding before them; 0 without sinks) and `window` slots for the last k tokens, written in turn.
+    Its size is fixed whatever `max_cache_len`, and one slot smaller than transformers' `StaticSlidingWindowLayer`:
+    the newest tokens are read from the update itself, not from a slot.
+
+    `update` returns the kept tokens in order, then the new ones; `returned_index` gives each one's index (counted
+    from the first token; `NO_TOKEN` for empty slots), all from the tensor counter, so a compiled decoding step
+    guards on no Python number. The mask reaches back to the first token (`get_mask_sizes` is `StaticLayer`'s): the
+    attention function takes its columns at those indices."""
+
+    def __init__(self, max_cache_len: int, sink_tokens: int, window: int):
+        super().__init__(max_cache_len=max_cache_len)
+        self.prefix_tokens, self.window = sink_tokens, window
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(prefix_tokens={self.prefix_tokens}, window={self.window})"
+
+    @property
+    def is_croppable(self) -> bool:
+        """Only while no token can have been written over (transformers' static window says the same)."""
+        return self.max_cache_len <= self.prefix_tokens + self.window
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        # A window longer than the tokens the cache may hold after the first ones never wraps: it need not be kept.
+        self.window = min(self.window, max(1, self.max_cache_len - self.prefix_tokens))
+        logical_length, self.max_cache_len = self.max_cache_len, self.prefix_tokens + self.window
+        try:
+            super().lazy_initialization(key_states, value_states)
+        finally:
+            self.max_cache_len = logical_length
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.cumulative_length.clone()
+        slots, _ = self.kept_slots(start)
+        keys = torch.cat([self.keys[:, :, slots], key_states], dim=-2)
+        values = torch.cat([self.values[:, :, slots], value_states], dim=-2)
+        self.write(key_states, value_states, start)
+        self.cumulative_length.add_(key_states.shape[-2])
+        return keys, values
+
+    def kept_slots(self, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P + k,) the slots to read before the token at index `start`, in order, and the index of the token each
+        holds (`NO_TOKEN` where none): the first P tokens, then the k before `start` that lie after them."""
+        device = self.cumulative_length.device
+        first = torch.arange(self.prefix_tokens, device=device)
+        recent = start - self.window + torch.arange(self.window, device=device)
+        slots = torch.cat([first, self.prefix_tokens + (recent - self.prefix_tokens) % self.window])
+        held = torch.cat(
+            [torch.where(first < start, first, NO_TOKEN), torch.where(recent >= self.prefix_tokens, recent, NO_TOKEN)]
+        )
+        return slots, held
+
+    def returned_index(self, num_new: int) -> torch.Tensor:
+        """(P + k + num_new,) the index of each token the last `update` of `num_new` tokens returned."""
+        start = self.cumulative_length - num_new
+        new = start + torch.arange(num_new, device=start.device)
+        return torch.cat([self.kept_slots(start)[1], new])
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, start: torch.Tensor) -> None:
+        """Each slot takes the newest of the new tokens meant for it (the first P tokens have a slot each, later
+        token t the slot P + (t - P) mod k), in place: one pass over the slots, whatever the number of tokens."""
+        num_new, prefix, window = key_states.shape[-2], self.prefix_tokens, self.window
+        device = start.device
+        end = start + num_new  # one past the newest token
+        first = torch.arange(prefix, device=device)
+        ring = torch.arange(window, device=device)
+        newest = end - 1 - (end - 1 - prefix - ring) % window  # the newest token t < end of each ring slot
+        token = torch.cat([first, torch.where(newest >= prefix, newest, -1)])  # -1: a first token's, not the ring's
+        fresh = (token >= start) & (token < end)
+        source = (token - start).clamp(0, num_new - 1)
+        for kept, new in ((self.keys, key_states), (self.values, value_states)):
+            kept.copy_(torch.where(fresh[:, None], new[:, :, source], kept))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if not self.is_croppable:
+            raise RuntimeError(
+                f"A static cache of {self.max_cache_len} tokens cannot be cropped where local heads keep "
+                f"{self.prefix_tokens + self.window}: tokens may have been written over. Use the dynamic cache."
+            )
+        super().crop(tokens_to_remove)
+
 
 def kind_layer(
     kind: HeadKind, config: HfAttnConfig, max_cache_len: int | None, model_window: int | None = None
@@ -214,7 +305,7 @@ def kind_layer(
     """The transformers layer that keeps what `kind` needs: dynamic, or static when `max_cache_len` is given. Its
     window counts the current token, as transformers' `sliding_window` does: the kind's k + 1, or the model's own
     where that is shorter. A kind with sinks keeps them too, apart from its window (where the model's own window
-    does not hide them); a static cache keeps every token for it, in slots its mask places."""
+    does not hide them). A static cache keeps both in fixed slots (`StaticSinkWindowLayer`)."""
     window = kind.window(config)  # past tokens the kind's queries see
     sinks = kind.sinks(config) if model_window is None else 0
     if model_window is not None:
@@ -223,9 +314,9 @@ def kind_layer(
         if window is None:
             return AppendingLayer()
         return SinkWindowLayer(sinks, window + 1) if sinks else WindowLayer(sliding_window=window + 1)
-    if window is None or sinks:
+    if window is None:
         return StaticLayer(max_cache_len=max_cache_len)
-    return StaticSlidingWindowLayer(max_cache_len=max_cache_len, sliding_window=window + 1)
+    return StaticSinkWindowLayer(max_cache_len, sinks, window)
 
 
 def model_window(config, layer_idx: int) -> int | None:
@@ -263,7 +354,8 @@ class HeadKindLayer(LayerOfLayers):
     def update_kind(self, kind: HeadKind, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Stores the new tokens of `kind`'s heads; returns the keys and values its queries see, and the index (in
         tokens since the start) of the first of them: transformers' `kv_offset`, 0 unless a window has slid. Sinks
-        kept apart from a window that has moved on return every key's index instead, a (S,) tensor."""
+        kept apart from a window that has moved on, and a static local cache's slots, return every key's index
+        instead, a (S,) tensor."""
         layer = self.by_kind[kind.name]
         num_queries = keys.shape[-2]
         _, key_start = layer.get_mask_sizes(num_queries)
@@ -272,6 +364,8 @@ class HeadKindLayer(LayerOfLayers):
         keys, values = layer.update(keys, values)
         if isinstance(layer, SinkWindowLayer) and layer.has_gap(num_queries):
             key_start = layer.kept_indices(num_queries, keys.device)
+        elif isinstance(layer, StaticSinkWindowLayer):
+            key_start = layer.returned_index(num_queries)
         return keys, values, key_start
 
     def is_contiguous(self, kind: HeadKind) -> bool:
@@ -295,13 +389,21 @@ class HeadKindLayer(LayerOfLayers):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Layout-order (B, n_head, T, D) states, stored per kind: a hybridized model's new tokens, or the past of an
         hf_attn model from outside (a PEFT prefix; its own attention calls `update_kind`). Returns the keys and the
-        values each kind's heads see, {kind: (B, H_kind, tokens, D)}, for `hf_attn.hybrid.hybrid_attention`."""
+        values each kind's heads see, {kind: (B, H_kind, tokens, D)}, for `hf_attn.hybrid.hybrid_attention`; from a
+        static cache the keys also place themselves under `KEY_INDEX`."""
         keys, values = self.split(key_states), self.split(value_states)
         seen = {
             name: layer.update(keys[name] if self.caches_keys[name] else keys[name][..., :0], values[name])
             for name, layer in self.by_kind.items()
         }
-        return {name: k for name, (k, _) in seen.items()}, {name: v for name, (_, v) in seen.items()}
+        keys_seen = {name: k for name, (k, _) in seen.items()}
+        if self.is_compileable:
+            num_new = key_states.shape[-2]
+            keys_seen[KEY_INDEX] = {
+                name: layer.returned_index(num_new) if isinstance(layer, StaticSinkWindowLayer) else None
+                for name, layer in self.by_kind.items()
+            }
+        return keys_seen, {name: v for name, (_, v) in seen.items()}
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.first.get_mask_sizes(query_length)
@@ -353,17 +455,26 @@ class HeadKindLayer(LayerOfLayers):
         self._each("crop", tokens_to_remove)
 
 
-def left_padding(attention_mask: torch.Tensor | None) -> int:
-    """The most padding tokens before any row's first real one, in a (B, T) mask; 0 for none or a whole 4D mask."""
-    if attention_mask is None or attention_mask.dim() != 2:
+def left_padding(attention_mask: torch.Tensor | dict | None) -> int:
+    """The most padding tokens before any row's first real one: in a (B, T) mask, or in the last query's row of a
+    boolean 4D one (what `generate` gives a static cache's first step; from a dict of them, the full-attention one).
+    Under graph capture, which cannot read the mask on the host (`torch.compile` of a whole `forward`, prefill
+    included), as many as there could be: T."""
+    if isinstance(attention_mask, dict):
+        attention_mask = attention_mask.get("full_attention", next(iter(attention_mask.values()), None))
+    if attention_mask is None or attention_mask.dim() not in (2, 4):
         return 0
-    return int((attention_mask.cumsum(-1) == 0).sum(-1).max())
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return attention_mask.shape[-1]
+    if attention_mask.dim() == 4:  # the last query sees every real token before it
+        last_row = attention_mask[:, 0, -1]
+        attention_mask = last_row if last_row.dtype == torch.bool else last_row == 0  # additive: 0 where visible
+    return int((attention_mask.long().cumsum(-1) == 0).sum(-1).max())
 
 
 class HfAttnCache(Cache):
-    """`Cache` for hf_attn models and hybridized ones: dynamic, or, for hf_attn models, static and compileable with
-    `max_cache_len` (what `cache_implementation="static"` makes). `generate` and the model make it themselves; a
-    user may too."""
+    """`Cache` for hf_attn models and hybridized ones: dynamic, or static and compileable with `max_cache_len` (what
+    `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too."""
 
     def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None):
         layers = len(config.kv_head_layout)
@@ -379,7 +490,7 @@ class HfAttnCache(Cache):
         self.first_tokens = self.sink_tokens + left_padding(attention_mask)  # reads the mask on the host
         for layer in self.layers:
             for kind in layer.parts:
-                if isinstance(kind, SinkWindowLayer):
+                if isinstance(kind, SinkWindowLayer | StaticSinkWindowLayer):
                     kind.prefix_tokens = self.first_tokens
 
     def memory_bytes(self) -> int:
@@ -392,4 +503,13 @@ class HfAttnCache(Cache):
         return sum(storages.values())
 
 
-__all__ = ["HfAttnCache", "HeadKindLayer", "AppendingLayer", "WindowLayer", "SinkWindowLayer", "kind_layer"]
+__all__ = [
+    "HfAttnCache",
+    "HeadKindLayer",
+    "AppendingLayer",
+    "WindowLayer",
+    "SinkWindowLayer",
+    "StaticSinkWindowLayer",
+    "KEY_INDEX",
+    "kind_layer",
+]

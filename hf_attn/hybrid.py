@@ -12,9 +12,10 @@ config becomes a registered `hf_attn_<family>` type (the family's config plus `h
 
 With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
 key/value head that some global query head reads, and only the sinks and the last `local_window` tokens of one that
-only local heads read: the layout's `kv_head_layout`. Any other cache works too (transformers' `StaticCache`, which
-`cache_implementation="static"` makes, or one a user passes): it keeps what it would for the unmodified model, and
-local heads find their window in the mask transformers builds for it.
+only local heads read: the layout's `kv_head_layout`; static and compileable with `max_cache_len` (what
+`cache_implementation="static"` makes). Any other cache works too (transformers' `StaticCache`, or one a user
+passes): it keeps what it would for the unmodified model, and local heads find their window in the mask transformers
+builds for it.
 
 A model saved after `hybridize` loads with its Auto class once hf_attn is imported, and with
 `trust_remote_code=True` where hf_attn is not installed: `save_pretrained` copies this file and the flat siblings it
@@ -51,7 +52,7 @@ from .attention_hf_attn import (
     masked_weights,
     visibility_mask,
 )
-from .cache_hf_attn import HfAttnCache, model_window
+from .cache_hf_attn import KEY_INDEX, HfAttnCache, model_window
 from .modeling_hf_attn import CardSharing
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
@@ -149,13 +150,21 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
     Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None."""
     heads: LayerHeads = module.hf_attn_heads
-    # Keys known to end at the newest token: an `HfAttnCache`'s, or any that come without a mask (causal order then
-    # says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that places
-    # them.
-    newest_last = isinstance(key, dict) or attention_mask is None
+    placed = key.pop(KEY_INDEX, None) if isinstance(key, dict) else None  # a static `HfAttnCache`'s keys
+    # Keys known to end at the newest token: a dynamic `HfAttnCache`'s, or any that come without a mask (causal order
+    # then says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that
+    # places them.
+    newest_last = placed is None and (isinstance(key, dict) or attention_mask is None)
     keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
     if kwargs.get(RETURN_WEIGHTS):
+        if placed is not None:
+            raise ValueError(
+                "`output_attentions=True` is not supported with a static `HfAttnCache` yet; use the dynamic cache "
+                "(the default) or `use_cache=False`."
+            )
         return attention_with_weights(query, keys, values, attention_mask, heads, scaling, dropout)
+    if placed is not None:
+        return placed_attention(module, query, keys, values, attention_mask, placed, scaling, dropout)
     if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
@@ -249,6 +258,59 @@ def local_heads_by_mask(
     k, v = per_head(keys, sources), per_head(values, sources)
     mask = local_visible(attention_mask, heads.visibility)
     return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
+
+
+def placed_attention(
+    module, query, keys: dict, values: dict, attention_mask, placed: dict, scaling: float, dropout: float
+) -> tuple[torch.Tensor, None]:
+    """A layer's heads over a static `HfAttnCache`: each kind of key/value head under the columns of the mask
+    transformers built (over every slot up to `max_cache_len`) at its keys' indices (`placed_mask`), so global heads
+    see what the model's mask lets them see and local heads find their window and sinks along it."""
+    heads: LayerHeads = module.hf_attn_heads
+    num_queries = query.shape[-2]
+    masks = {kind: placed_mask(attention_mask, index, keys[kind].shape[-2], num_queries, query.device)
+             for kind, index in placed.items()}  # fmt: skip
+    outputs = []
+    if "global" in heads.heads:
+        outputs.append(global_heads(module, query, keys, values, masks["global"], scaling, dropout))
+    if "local" in heads.heads:
+        outputs.append(local_heads_placed(query, keys, values, masks, heads, scaling, dropout))
+    out = torch.cat(outputs, dim=1)[:, heads.order]
+    return out.transpose(1, 2), None
+
+
+def placed_mask(attention_mask, index: torch.Tensor | None, num_keys: int, num_queries: int,
+                device: torch.device) -> torch.Tensor:  # fmt: skip
+    """(B|1, 1, T, S) bool over a kind's keys: the mask's columns at their indices (`index`, the queries' being the
+    last T), causal order among them, no column for an empty slot; where `index` is None each slot is its index."""
+    if index is None:
+        if attention_mask is None:  # transformers leaves it out for a first step: the queries are the first slots
+            slots = torch.arange(num_keys, device=device)
+            return (slots[None, :] <= slots[:num_queries, None])[None, None]
+        return attention_mask.bool()
+    visible = (index[None, :] <= index[-num_queries:, None])[None, None]
+    if attention_mask is not None:
+        width = attention_mask.shape[-1]
+        visible = visible & attention_mask.bool()[..., index.clamp(max=width - 1)] & (index < width)
+    return visible
+
+
+def local_heads_placed(query, keys: dict, values: dict, masks: dict, heads: LayerHeads, scaling: float,
+                       dropout: float) -> torch.Tensor:  # fmt: skip
+    """(B, H_local, T, D): the local heads over a static cache, those reading each kind of key/value head under that
+    kind's mask, each query's window and sinks counted along it (`local_visible`)."""
+    local, sources = heads.heads["local"], heads.sources["local"]
+    outputs, order = [], []
+    for kind in dict.fromkeys(kind for kind, _ in sources):
+        which = [i for i, (source_kind, _) in enumerate(sources) if source_kind == kind]
+        reading = [sources[i] for i in which]
+        k, v = per_head(keys, reading), per_head(values, reading)
+        mask = local_visible(masks[kind], heads.visibility)
+        outputs.append(local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling,
+                                       dropout))  # fmt: skip
+        order += which
+    out = torch.cat(outputs, dim=1)
+    return out if order == sorted(order) else out[:, sorted(range(len(order)), key=order.__getitem__)]
 
 
 def attention_with_weights(
@@ -389,22 +451,18 @@ class HybridModelMixin(CardSharing):
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """`generate`'s cache, made as for any model, then replaced by an `HfAttnCache` that keeps of each key/value
-        head what its query heads read."""
+        head what its query heads read: static with the same length for `cache_implementation="static"`."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         made = model_kwargs.get("cache")
-        if (
-            made is None
-            or isinstance(made, HfAttnCache | transformers.StaticCache)
-            or getattr(made, "_is_user_defined", False)
-        ):
+        if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
             return
-        if type(made) is not transformers.DynamicCache or made.offloading:
+        if type(made) not in (transformers.DynamicCache, transformers.StaticCache) or made.offloading:
             raise ValueError(
                 f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by hybridized "
-                "models yet; allowed: None or 'dynamic' (the default, an `HfAttnCache`), 'static' (transformers' "
-                "`StaticCache`, as the unmodified model has it)."
+                "models yet; allowed: None or 'dynamic' (the default), 'static'."
             )
-        model_kwargs["cache"] = HfAttnCache(self.config)
+        max_cache_len = made.get_max_length() if isinstance(made, transformers.StaticCache) else None
+        model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
         if generation_config.is_assistant:
             model_kwargs["cache"].activate_past_recording()
 
@@ -423,15 +481,11 @@ def hybrid_forward(family_forward: Callable) -> Callable:
         use_cache = self.config.use_cache if use_cache is None else use_cache
         given = kwargs.get("cache")
         given = kwargs.get("past_key_values") if given is None else given
-        if isinstance(given, HfAttnCache) and given.is_compileable:
-            raise ValueError(
-                "`cache`: a static `HfAttnCache` (`max_cache_len`) is for hf_attn's own models; give a hybridized "
-                "model transformers' `StaticCache` (what `cache_implementation='static'` makes) or a dynamic cache."
-            )
         if use_cache and len(args) <= 1 and given is None:
             kwargs["cache"] = given = HfAttnCache(self.config)
         if isinstance(given, HfAttnCache) and self.config.sink_tokens:
-            if given.get_seq_length() == 0:
+            past = given.get_seq_length()  # a static cache's is a tensor once it holds tokens: not read on the host
+            if isinstance(past, int) and past == 0:
                 given.make_room_for_padding(kwargs.get("attention_mask"))
             kwargs[SINK_PREFIX] = given.first_tokens
         return family_forward(self, *args, **kwargs)

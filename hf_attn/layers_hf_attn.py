@@ -55,7 +55,10 @@ class AttentionInputs:
         per forward for every layer that asks for the same one."""
         if contiguous and self.pair_mask is None:
             return None if self.key_mask is None else self.key_mask[:, -num_slots:]
-        key = ("whole_mask", visibility, key_start, num_slots, num_queries, contiguous)
+        # Listed indices follow from the cache's length, its first tokens and the kind's window: the same in every
+        # layer of one forward for one visibility. Keyed without the tensor, which graph capture cannot compare.
+        listed = isinstance(key_start, torch.Tensor) and key_start.dim() == 1
+        key = ("whole_mask", visibility, "listed" if listed else key_start, num_slots, num_queries, contiguous)
         if key not in self.memo:
             self.memo[key] = self.whole_mask(visibility, key_start, num_slots, num_queries, contiguous)
         return self.memo[key]

@@ -8,9 +8,10 @@ from conftest import MODEL_TYPES, tiny_config
 from test_convert_gpt2 import GPT2_FIELDS
 from test_generation import PAD, generation_model, greedy_by_recomputing, left_padded_prompts
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
 from hf_attn import HfAttnCache, convert_gpt2
+from hf_attn.cache_hf_attn import StaticSinkWindowLayer
 
 MIXED = [["global", "local", "positional", "positional"], ["positional", "global", "local", "global"]]
 GREEDY = dict(do_sample=False, pad_token_id=PAD)
@@ -48,7 +49,7 @@ def test_static_cache_decodes_what_recomputing_decodes(model_type, overrides):
     assert out.cache.is_compileable
     for layer in out.cache.layers:
         for name, kind_layer in layer.by_kind.items():
-            assert isinstance(kind_layer, StaticSlidingWindowLayer if name == "local" else StaticLayer)
+            assert isinstance(kind_layer, StaticSinkWindowLayer if name == "local" else StaticLayer)
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -146,7 +147,7 @@ def test_a_static_cache_holds_a_fixed_size_and_its_local_part_the_window():
         model(torch.randint(3, 37, (2, 9)), cache=cache)
     tensors = cache.layers[0].tensors()
     assert tensors["global_keys"].shape[-2] == tensors["positional_values"].shape[-2] == 32
-    assert tensors["local_keys"].shape[-2] == 3  # k + 1 slots: transformers' window counts the query
+    assert tensors["local_keys"].shape[-2] == 2  # k slots: the query's own key comes with the update
     assert "positional_keys" not in tensors
 
 

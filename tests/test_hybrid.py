@@ -252,12 +252,13 @@ SLIDING_LAYERS = {"mistral": [True, True], "qwen2": [False, True], "gemma3_text"
 
 
 @pytest.mark.parametrize("family", SLIDING_LAYERS)
-def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(family):
+@pytest.mark.parametrize("max_cache_len", [None, 26], ids=["dynamic", "static"])
+def test_a_model_with_its_own_sliding_window_caches_no_more_than_that_window(family, max_cache_len):
     model = hybridize(sliding(family), head_layout=LAYOUT, local_window=2)
     ids, mask = batch(length=26)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-    cache = HfAttnCache(model.config)
+    cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
     for start, end in [(0, 20), (20, 22), (22, 23), (23, 26)]:
         logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
                        cache=cache).logits  # fmt: skip
@@ -318,14 +319,16 @@ def test_beam_search_and_sampling_with_the_cache_equal_them_without(options):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_cache_generate_equals_recomputing(family):
-    """`cache_implementation="static"` keeps transformers' `StaticCache`: fixed slots, the empty ones after the
-    newest token, which the local heads' window has to skip."""
+    """`cache_implementation="static"` gives a static `HfAttnCache`: fixed slots up to `max_cache_len` for key/value
+    heads a global head reads (the empty ones after the newest token), k for those only local heads read."""
     model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
     ids, mask = batch()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
                          cache_implementation="static", return_dict_in_generate=True)  # fmt: skip
-    assert type(out.cache) is StaticCache
+    assert isinstance(out.cache, HfAttnCache) and out.cache.is_compileable
     assert torch.equal(out.sequences, greedy_by_recomputing(model, ids, mask, 8))
+    tensors = out.cache.layers[0].tensors()
+    assert tensors["global_keys"].shape[-2] == 19 and tensors["local_keys"].shape[-2] == 2  # 12 + 8 - 1 tokens
 
 
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
@@ -386,8 +389,6 @@ def test_caches_hybridized_models_cannot_use_are_refused_naming_the_allowed_ones
     ids = batch()[0]
     with pytest.raises(ValueError, match=r"'offloaded' is not supported by hybridized models yet; allowed: None"):
         model.generate(ids, max_new_tokens=2, pad_token_id=0, cache_implementation="offloaded")
-    with pytest.raises(ValueError, match=r"`cache`: a static `HfAttnCache` .* is for hf_attn's own models"):
-        model(ids, cache=HfAttnCache(model.config, max_cache_len=32))
 
 
 # --- saving, loading, training -----------------------------------------------------------------------------------

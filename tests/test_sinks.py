@@ -11,13 +11,13 @@ import pytest
 import torch
 from naive import naive_attention
 from test_hybrid import LAYOUT, batch, greedy_by_recomputing, tiny
-from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from hf_attn import HfAttnCache, hybridize
 from hf_attn.attention_hf_attn import Visibility, local_attention
-from hf_attn.cache_hf_attn import SinkWindowLayer
+from hf_attn.cache_hf_attn import NO_TOKEN, SinkWindowLayer, StaticSinkWindowLayer
 from hf_attn.head_kinds_hf_attn import HEAD_KINDS
 from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
 
@@ -109,26 +109,31 @@ def test_hybridized_local_heads_with_sinks_equal_the_naive_reference(family, pad
     expected = twin(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
     got = with_sinks(family)(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    plain = hybridize(model, head_layout=LAYOUT, local_window=WINDOW)(ids, attention_mask=mask,
-                                                                      position_ids=positions_of(mask)).logits
+    plain = hybridize(model, head_layout=LAYOUT, local_window=WINDOW)(
+        ids, attention_mask=mask, position_ids=positions_of(mask)
+    ).logits
     assert (plain - expected)[:, -1].abs().max() > 1e-3  # the sinks matter here
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("padded", [False, True])
-def test_decoding_with_sinks_gives_the_logits_of_the_whole_sequence(family, padded):
+@pytest.mark.parametrize("max_cache_len", [None, 30], ids=["dynamic", "static"])
+def test_decoding_with_sinks_gives_the_logits_of_the_whole_sequence(family, padded, max_cache_len):
     """Token by token past the point where the window leaves the sinks behind, from an `HfAttnCache` that keeps only
-    the sinks (and the padding before them) and the window of local key/value heads."""
+    the sinks (and the padding before them) and the window of local key/value heads, dynamic or static."""
     model = with_sinks(family)
     ids, mask = batch(length=26)
     mask = mask if padded else torch.ones_like(mask)
     positions = positions_of(mask)
     expected = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-    cache = HfAttnCache(model.config)
+    cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
     for start, end in [(0, 6), (6, 7), (7, 9), *((n, n + 1) for n in range(9, 26))]:
         logits = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
                        cache=cache).logits  # fmt: skip
         torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+    if family != "gemma3_text":  # its sliding layer 0 gives local heads no sinks
+        local = cache.layers[0].by_kind["local"]
+        assert local.keys.shape[-2] == (3 if padded else 0) + SINKS + WINDOW
 
 
 def test_the_cache_keeps_the_sinks_and_the_window_of_local_key_value_heads():
@@ -162,13 +167,28 @@ def test_greedy_generate_with_sinks_and_left_padding_equals_recomputing(family):
     assert torch.equal(generated, greedy_by_recomputing(model, ids, mask, 14))
 
 
-def test_static_cache_generate_with_sinks_equals_recomputing():
-    model = with_sinks("qwen2")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_cache_generate_with_sinks_equals_recomputing(family):
+    model = with_sinks(family)
     ids, mask = batch(length=8)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0,
                          cache_implementation="static", return_dict_in_generate=True)  # fmt: skip
-    assert type(out.cache) is StaticCache
+    assert isinstance(out.cache, HfAttnCache) and out.cache.is_compileable
     assert torch.equal(out.sequences, greedy_by_recomputing(model, ids, mask, 14))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_compiled_static_decoding_with_sinks_equals_recomputing(family):
+    """`torch.compile(model.forward, fullgraph=True)`: any graph break is an error; the prefill runs compiled too,
+    so the cache makes room for as much left padding as the prompt could hold."""
+    model = with_sinks(family)
+    ids, mask = batch(length=8)
+    expected = greedy_by_recomputing(model, ids, mask, 12)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               cache_implementation="static")  # fmt: skip
+    assert torch.equal(generated, expected)
 
 
 def test_assisted_decoding_crops_the_sink_cache_and_equals_greedy():
@@ -190,6 +210,38 @@ def test_sink_cache_crop_drops_the_newest_tokens_from_the_window_then_the_first_
     assert layer.get_seq_length() == 5 and layer.keys.flatten().tolist() == [0, 1, 3, 4]
     layer.crop(-4)  # the window's tokens 2-4 (held since recording), then token 1
     assert layer.get_seq_length() == 1 and layer.keys.flatten().tolist() == [0]
+
+
+@pytest.mark.parametrize("prefix,window", [(0, 1), (0, 3), (2, 3), (3, 1)])
+@pytest.mark.parametrize("chunks", [[1] * 20, [5, 1, 1, 7, 1, 1, 1, 3], [20], [2, 3, 1, 9]])
+def test_static_sink_cache_returns_the_first_tokens_the_window_and_the_new_ones_in_order(prefix, window, chunks):
+    """Brute force: after any sequence of updates, the tokens returned are the first `prefix`, the `window` before
+    the update and the new ones, each once, in order, each key beside its index; empty slots are marked."""
+    layer = StaticSinkWindowLayer(max_cache_len=100, sink_tokens=prefix, window=window)
+    seen = 0
+    for size in chunks:
+        tokens = torch.arange(seen, seen + size, dtype=torch.float).view(1, 1, size, 1)
+        keys, _ = layer.update(tokens, tokens)
+        index = layer.returned_index(size)
+        held = index != NO_TOKEN
+        expected = sorted(
+            {*range(min(prefix, seen)), *range(max(prefix, seen - window), seen), *range(seen, seen + size)}
+        )
+        assert index[held].tolist() == expected
+        assert keys.flatten()[held].tolist() == expected
+        seen += size
+    assert layer.keys.shape[-2] == prefix + window
+
+
+def test_a_static_sink_cache_crops_only_while_no_token_was_written_over():
+    layer = StaticSinkWindowLayer(max_cache_len=5, sink_tokens=2, window=3)
+    tokens = torch.arange(5.0).view(1, 1, 5, 1)
+    layer.update(tokens[..., :4, :], tokens[..., :4, :])
+    layer.crop(-2)
+    keys, _ = layer.update(tokens[..., 2:5, :], tokens[..., 2:5, :])
+    assert keys.flatten()[layer.returned_index(3) != NO_TOKEN].tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="cannot be cropped"):
+        StaticSinkWindowLayer(max_cache_len=6, sink_tokens=2, window=3).crop(-1)
 
 
 def test_sinks_are_saved_reloaded_and_named_in_the_model_card(tmp_path):
@@ -280,3 +332,34 @@ def test_own_models_keep_sink_tokens_in_config_json(tmp_path):
     ids = torch.arange(20).view(1, 20)
     torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
     assert "the first 3 tokens of the sequence (attention sinks)" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_own_models_decode_with_sinks_from_a_static_cache_as_the_whole_sequence(model_type, padded):
+    """The static cache keeps the sinks (and the padding before them) and k slots for the window, a fixed size far
+    below the 40 tokens it may hold."""
+    model = own_model(model_type)
+    ids, mask = batch(length=26)
+    ids = ids % 50
+    mask = mask if padded else torch.ones_like(mask)
+    expected = model(ids, attention_mask=mask, use_cache=False).logits
+    cache = HfAttnCache(model.config, max_cache_len=40)
+    for start, end in [(0, 6), (6, 7), (7, 9), *((n, n + 1) for n in range(9, 26))]:
+        logits = model(ids[:, start:end], attention_mask=mask[:, :end], cache=cache).logits
+        torch.testing.assert_close(logits, expected[:, start:end], rtol=1e-5, atol=1e-5)
+    local = cache.layers[0].by_kind["local"]
+    assert local.keys.shape[-2] == (3 if padded else 0) + SINKS + WINDOW
+
+
+@pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
+def test_own_models_generate_with_sinks_compiled_and_static_as_by_recomputing(model_type):
+    model = own_model(model_type)
+    ids, mask = batch(length=8)
+    ids = ids % 50
+    expected = greedy_by_recomputing(model, ids, mask, 12)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               cache_implementation="static")  # fmt: skip
+    assert torch.equal(generated, expected)
