@@ -6,6 +6,7 @@ References: the unmodified model's logits, and its language-modelling loss on Wi
 read back wrong would not predict English).
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -118,14 +119,30 @@ def test_select_heads_takes_the_gguf_file_and_calibrates_offline(smollm2, tmp_pa
     assert sum(layer.count("local") for layer in record["head_layout"]) == 3 * 45  # 45 of 90 groups of 3 heads
 
 
+@pytest.mark.parametrize("max_cache_len", [None, 100], ids=["dynamic", "static"])
+def test_smollm2_with_sinks_decodes_from_its_small_cache_as_the_whole_text(smollm2, max_cache_len):
+    """The last key/value group of every layer 16-local with 4 sinks: the cache keeps 20 of their 100 tokens."""
+    original, tokenizer, _ = smollm2
+    model = hybridize(copy.deepcopy(original), num_local_heads=3, local_window=16, sink_tokens=4)
+    ids = text_ids(tokenizer, 100)
+    cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
+    with torch.no_grad():
+        whole = model(ids, use_cache=False, logits_to_keep=3).logits
+        model(ids[:, :97], cache=cache, logits_to_keep=1)
+        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(97, 100)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
+    kept = {name: tensor.shape[-2] for name, tensor in cache.layers[0].tensors().items()}
+    assert kept == {"global_keys": 100, "global_values": 100, "local_keys": 20, "local_values": 20}
+
+
 # --- Gemma-3-270M --------------------------------------------------------------------------------------------
 
 
 def test_gemma3_hybridized_keeps_its_outputs_all_global_and_its_sliding_windows_with_local_heads(gemma3, tmp_path):
     """530 tokens, past the 512-token window of the sliding layers. Local heads in the global layers (5, 11, 17):
-    decoding with the cache gives the logits of the whole text, and the cache keeps 16 tokens there, the model's
-    window of 511 previous ones in the sliding layers. (The 262,144-word output layer dominates the cost: logits are
-    computed only where compared.)"""
+    decoding with the cache, dynamic or static, gives the logits of the whole text, and the cache keeps 16 tokens
+    there, the model's window of 511 previous ones in the sliding layers. (The 262,144-word output layer dominates
+    the cost: logits are computed only where compared.)"""
     model, tokenizer = gemma3
     assert type(model) is Gemma3ForCausalLM and model.config.layer_types.count("full_attention") == 3
     assert_float_model(model)
@@ -138,15 +155,16 @@ def test_gemma3_hybridized_keeps_its_outputs_all_global_and_its_sliding_windows_
         full = [kind == "full_attention" for kind in model.config.layer_types]
         hybridize(model, num_local_heads=[4 if is_full else 0 for is_full in full], local_window=16)
         whole = model(ids, use_cache=False, logits_to_keep=3).logits
-        cache = HfAttnCache(model.config)
-        model(ids[:, :527], cache=cache, logits_to_keep=1)
-        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(527, 530)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
-    for layer, is_full in zip(cache.layers, full, strict=True):
-        kept = {name: tensor.shape[-2] for name, tensor in layer.tensors().items()}
-        assert kept == (
-            {"local_keys": 16, "local_values": 16} if is_full else {"global_keys": 511, "global_values": 511}
-        )
+        for max_cache_len in (None, 530):  # dynamic, static
+            cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
+            model(ids[:, :527], cache=cache, logits_to_keep=1)
+            steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(527, 530)]
+            torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
+            for layer, is_full in zip(cache.layers, full, strict=True):
+                kept = {name: tensor.shape[-2] for name, tensor in layer.tensors().items()}
+                assert kept == (
+                    {"local_keys": 16, "local_values": 16} if is_full else {"global_keys": 511, "global_values": 511}
+                )
     model.config.save_pretrained(tmp_path)  # the weights save as SmolLM2's do; the config is Gemma's own
     saved, loaded = (config.to_dict() for config in (model.config, AutoConfig.from_pretrained(tmp_path)))
     assert {key: value for key, value in loaded.items() if key != "_name_or_path"} == {
