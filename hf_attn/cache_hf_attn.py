@@ -216,31 +216,46 @@ KEY_INDEX = "hf_attn_key_index"
 
 class StaticSinkWindowLayer(StaticLayer):
     """The static, compileable cache of a local kind: `prefix_tokens` slots for the first tokens (the sinks, and
-    room for left padding before them; 0 without sinks) and `window` slots for the last k tokens, written in turn.
-    Its size is fixed whatever `max_cache_len`, and one slot smaller than transformers' `StaticSlidingWindowLayer`:
-    the newest tokens are read from the update itself, not from a slot.
+    room for left padding before them; 0 without sinks) and a ring of `window` slots for the last k tokens, written
+    in turn. Its size is fixed whatever `max_cache_len`, and one slot smaller than transformers'
+    `StaticSlidingWindowLayer`: the newest tokens are read from the update itself, not from a slot.
 
     `update` returns the kept tokens in order, then the new ones; `returned_index` gives each one's index (counted
     from the first token; `NO_TOKEN` for empty slots), all from the tensor counter, so a compiled decoding step
     guards on no Python number. The mask reaches back to the first token (`get_mask_sizes` is `StaticLayer`'s): the
-    attention function takes its columns at those indices."""
+    attention function takes its columns at those indices.
+
+    For assisted decoding, `activate_past_recording(recurrent_states_to_keep=n)` before the first token adds n slots
+    to the ring, so that `crop` can take back up to n tokens and still find the k before."""
 
     def __init__(self, max_cache_len: int, sink_tokens: int, window: int):
         super().__init__(max_cache_len=max_cache_len)
         self.prefix_tokens, self.window = sink_tokens, window
+        self.rollback = 0  # tokens `crop` may take back
+        self.ring = window  # slots after the first tokens, set when the buffers are made
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(prefix_tokens={self.prefix_tokens}, window={self.window})"
 
     @property
+    def never_wraps(self) -> bool:
+        return self.max_cache_len <= self.prefix_tokens + self.ring
+
+    @property
     def is_croppable(self) -> bool:
-        """Only while no token can have been written over (transformers' static window says the same)."""
-        return self.max_cache_len <= self.prefix_tokens + self.window
+        """While no token can have been written over (transformers' static window says the same), or with room kept
+        for rolling back."""
+        return self.never_wraps or self.rollback > 0
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs) -> None:
+        """Room for `crop` to take back `recurrent_states_to_keep` tokens, if asked before the buffers are made."""
+        if recurrent_states_to_keep and not self.is_initialized:
+            self.rollback = max(self.rollback, recurrent_states_to_keep)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        # A window longer than the tokens the cache may hold after the first ones never wraps: it need not be kept.
-        self.window = min(self.window, max(1, self.max_cache_len - self.prefix_tokens))
-        logical_length, self.max_cache_len = self.max_cache_len, self.prefix_tokens + self.window
+        # A ring longer than the tokens the cache may hold after the first ones never wraps: it need not be kept.
+        self.ring = min(self.window + self.rollback, max(1, self.max_cache_len - self.prefix_tokens))
+        logical_length, self.max_cache_len = self.max_cache_len, self.prefix_tokens + self.ring
         try:
             super().lazy_initialization(key_states, value_states)
         finally:
@@ -258,32 +273,32 @@ class StaticSinkWindowLayer(StaticLayer):
         return keys, values
 
     def kept_slots(self, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P + k,) the slots to read before the token at index `start`, in order, and the index of the token each
-        holds (`NO_TOKEN` where none): the first P tokens, then the k before `start` that lie after them."""
+        """(P + ring,) the slots to read before the token at index `start`, in order, and the index of the token
+        each holds (`NO_TOKEN` where none): the first P tokens, then those of the last `ring` before `start` that lie
+        after them."""
         device = self.cumulative_length.device
         first = torch.arange(self.prefix_tokens, device=device)
-        recent = start - self.window + torch.arange(self.window, device=device)
-        slots = torch.cat([first, self.prefix_tokens + (recent - self.prefix_tokens) % self.window])
+        recent = start - self.ring + torch.arange(self.ring, device=device)
+        slots = torch.cat([first, self.prefix_tokens + (recent - self.prefix_tokens) % self.ring])
         held = torch.cat(
             [torch.where(first < start, first, NO_TOKEN), torch.where(recent >= self.prefix_tokens, recent, NO_TOKEN)]
         )
         return slots, held
 
     def returned_index(self, num_new: int) -> torch.Tensor:
-        """(P + k + num_new,) the index of each token the last `update` of `num_new` tokens returned."""
+        """(P + ring + num_new,) the index of each token the last `update` of `num_new` tokens returned."""
         start = self.cumulative_length - num_new
         new = start + torch.arange(num_new, device=start.device)
         return torch.cat([self.kept_slots(start)[1], new])
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, start: torch.Tensor) -> None:
         """Each slot takes the newest of the new tokens meant for it (the first P tokens have a slot each, later
-        token t the slot P + (t - P) mod k), in place: one pass over the slots, whatever the number of tokens."""
-        num_new, prefix, window = key_states.shape[-2], self.prefix_tokens, self.window
+        token t the slot P + (t - P) mod ring), in place: one pass over the slots, whatever the number of tokens."""
+        num_new, prefix, ring = key_states.shape[-2], self.prefix_tokens, self.ring
         device = start.device
         end = start + num_new  # one past the newest token
         first = torch.arange(prefix, device=device)
-        ring = torch.arange(window, device=device)
-        newest = end - 1 - (end - 1 - prefix - ring) % window  # the newest token t < end of each ring slot
+        newest = end - 1 - (end - 1 - prefix - torch.arange(ring, device=device)) % ring  # each ring slot's, < end
         token = torch.cat([first, torch.where(newest >= prefix, newest, -1)])  # -1: a first token's, not the ring's
         fresh = (token >= start) & (token < end)
         source = (token - start).clamp(0, num_new - 1)
@@ -291,10 +306,12 @@ class StaticSinkWindowLayer(StaticLayer):
             kept.copy_(torch.where(fresh[:, None], new[:, :, source], kept))
 
     def crop(self, tokens_to_remove: int) -> None:
-        if not self.is_croppable:
+        if not (self.never_wraps or -self.rollback <= tokens_to_remove <= 0):
             raise RuntimeError(
-                f"A static cache of {self.max_cache_len} tokens cannot be cropped where local heads keep "
-                f"{self.prefix_tokens + self.window}: tokens may have been written over. Use the dynamic cache."
+                f"A static cache of {self.max_cache_len} tokens, whose local heads keep {self.prefix_tokens} first "
+                f"and {self.ring} last tokens, can take back {self.rollback}, not {abs(tokens_to_remove)}: older ones "
+                "are written over. Call `activate_past_recording(recurrent_states_to_keep=n)` on the cache before "
+                "its first token, or use the dynamic cache."
             )
         super().crop(tokens_to_remove)
 
@@ -445,11 +462,11 @@ class HeadKindLayer(LayerOfLayers):
         }
 
     def activate_past_recording(self, **kwargs) -> None:
-        """Every kind keeps what `crop` may need again. `Cache` passes options meant for linear-attention layers
-        (transformers >= 5.25: `recurrent_states_to_keep`); attention kinds keep no recurrent state, so none apply."""
+        """Every kind keeps what `crop` may need again. Of what `Cache` passes (transformers >= 5.25), static windows
+        read `recurrent_states_to_keep`: the most tokens a `crop` takes back."""
         for layer in self.by_kind.values():
             if hasattr(layer, "activate_past_recording"):
-                layer.activate_past_recording()
+                layer.activate_past_recording(**kwargs)
 
     def crop(self, tokens_to_remove: int) -> None:
         self._each("crop", tokens_to_remove)

@@ -464,7 +464,8 @@ class HybridModelMixin(CardSharing):
         max_cache_len = made.get_max_length() if isinstance(made, transformers.StaticCache) else None
         model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
         if generation_config.is_assistant:
-            model_kwargs["cache"].activate_past_recording()
+            # as transformers asks of the caches it makes: room for the drafts a verification may reject
+            model_kwargs["cache"].activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
 
 
 def hybrid_forward(family_forward: Callable) -> Callable:

@@ -602,7 +602,8 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
         max_cache_len = made.get_max_length() if isinstance(made, StaticCache) else None
         model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
         if generation_config.is_assistant:
-            model_kwargs["cache"].activate_past_recording()
+            # as transformers asks of the caches it makes: room for the drafts a verification may reject
+            model_kwargs["cache"].activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
 
     def create_masks_for_generate(self, attention_mask=None, **kwargs):
         """With a static cache `generate` asks for 4D masks; hf_attn builds each kind's own from the 2D one (and

@@ -72,12 +72,15 @@ def test_an_unsupported_cache_implementation_is_refused():
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding(model_type):
-    """Both verify drafted tokens and `crop` the rejected ones from every kind's cache, windows slid past included."""
+    """Both verify drafted tokens and `crop` the rejected ones from every kind's cache, windows slid past included;
+    assisted decoding from static caches too (for both models), whose windows keep room for the drafts."""
     model = generation_model(model_type)
     draft = generation_model(model_type, n_layer=1)  # a smaller hf_attn model of the same vocabulary
     prompt = torch.randint(3, 37, (1, 9))
     expected = greedy_by_recomputing(model, prompt, torch.ones_like(prompt), steps=12)
-    for how in (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=3)):
+    ways = (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=3),
+            dict(assistant_model=draft, cache_implementation="static"))  # fmt: skip
+    for how in ways:
         assert torch.equal(model.generate(prompt, max_new_tokens=12, **how, **GREEDY), expected), how
 
 
