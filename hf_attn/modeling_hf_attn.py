@@ -223,8 +223,9 @@ class HfAttnModel(HfAttnPreTrainedModel):
             )
         return given.shape[1]
 
-    def numeric_positions(self, input_ids, numeric_values, numeric_mask, attention_mask) -> torch.Tensor | None:
-        """(B, T) bool: where the embedding is `wne(value)`. Never padding: values there are not used."""
+    def numeric_positions(self, input_ids, numeric_values, numeric_mask, query_mask) -> torch.Tensor | None:
+        """(B, T) bool: where the embedding is `wne(value)`. Never padding (`query_mask`, the queries' columns of
+        the mask): values there are not used."""
         if numeric_values is None:
             return None
         if not self.config.numeric_inputs:
@@ -237,8 +238,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
             raise ValueError("With `numeric_values` and `input_ids`, pass `numeric_mask` or set `numeric_token_id`.")
         else:
             positions = input_ids == self.config.numeric_token_id
-        if attention_mask is not None:
-            positions = positions & attention_mask[:, -positions.shape[-1] :].bool()
+        if query_mask is not None:
+            positions = positions & query_mask.bool()
         return positions
 
     def refusals(self, input_ids, attention_mask, numeric_values, numeric_positions) -> dict[str, tuple]:
@@ -444,7 +445,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
                 f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
                 f"got {attention_mask.shape[-1]} columns."
             )
-        numeric_positions = self.numeric_positions(input_ids, numeric_values, numeric_mask, attention_mask)
+        query_mask = None if attention_mask is None else query_columns(attention_mask, past_length, length)
+        numeric_positions = self.numeric_positions(input_ids, numeric_values, numeric_mask, query_mask)
         refusals = self.refusals(input_ids, attention_mask, numeric_values, numeric_positions)
         answers = self.ask(refusals, attention_mask, position_ids, past_length, length)
         self.raise_refused(refusals, answers)
@@ -461,7 +463,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             if attention_mask is None:
                 position_ids = past_length + torch.arange(length, device=device)[None]
             else:
-                position_ids = key_position_ids[:, -length:]
+                position_ids = query_columns(key_position_ids, past_length, length)
         elif isinstance(past_length, int) and past_length == 0:
             key_position_ids, keys_in_order = position_ids, False
             if attention_mask is None and pair_mask is None and (tracing() or answers["restarts"]):
@@ -508,6 +510,14 @@ def visible_pairs(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     return mask == 0 if mask.is_floating_point() else mask == 1
+
+
+def query_columns(x: torch.Tensor, past_length: int | torch.Tensor, length: int) -> torch.Tensor:
+    """`x`'s last-dimension columns of the `length` queries, which follow `past_length` cached tokens: its last
+    columns, unless `x` also spans a static cache's empty slots after them (a mask `generate` widens to the cache)."""
+    if isinstance(past_length, int) and x.shape[-1] == past_length + length:
+        return x[..., -length:]
+    return x[..., past_length + torch.arange(length, device=x.device)]
 
 
 def positions_and_order(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -605,10 +615,13 @@ class HfAttnLMHeadModel(HfAttnPreTrainedModel, GenerationMixin):
             # as transformers asks of the caches it makes: room for the drafts a verification may reject
             model_kwargs["cache"].activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
 
-    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+    def create_masks_for_generate(self, attention_mask=None, cache=None, **kwargs):
         """With a static cache `generate` asks for 4D masks; hf_attn builds each kind's own from the 2D one (and
-        counts positions over it), so it keeps it."""
-        return attention_mask
+        counts positions over it), so it keeps it, widened with zeros to the cache's slots: one shape at every step,
+        so that compiled decoding compiles once."""
+        if attention_mask is None or attention_mask.dim() != 2 or cache is None or not cache.is_compileable:
+            return attention_mask
+        return nn.functional.pad(attention_mask, (0, cache.get_max_length() - attention_mask.shape[-1]))
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
         """A bidirectional model (`is_causal=False`) runs the whole sequence at every step: each new token changes

@@ -7,6 +7,7 @@ import torch
 from conftest import MODEL_TYPES, tiny_config
 from test_convert_gpt2 import GPT2_FIELDS
 from test_generation import PAD, generation_model, greedy_by_recomputing, left_padded_prompts
+from torch._dynamo.testing import CompileCounter
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
@@ -63,6 +64,23 @@ def test_a_forward_compiled_as_one_graph_decodes_as_eager(model_type, cache_impl
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
     assert torch.equal(model.generate(input_ids, cache_implementation=cache_implementation, **generate), expected)
+
+
+@pytest.mark.parametrize(
+    "model_type,sink_tokens", [*((model_type, 0) for model_type in MODEL_TYPES), ("local_gpt2", 2), ("hybrid_gpt2", 2)]
+)
+def test_compiled_static_decoding_compiles_the_prompt_once_and_every_step_once(model_type, sink_tokens):
+    """As transformers compiles (`dynamic=False`): the mask `generate` passes keeps the static cache's width, so 10
+    decoding steps share one graph; the prompt, another shape, is the other one."""
+    model = generation_model(model_type, sink_tokens=sink_tokens)
+    _, input_ids, attention_mask = left_padded_prompts()
+    generate = dict(attention_mask=attention_mask, max_new_tokens=10, cache_implementation="static", **GREEDY)
+    expected = model.generate(input_ids, **generate)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend=counter, dynamic=False)
+    assert torch.equal(model.generate(input_ids, **generate), expected)
+    assert counter.frame_count == 2
 
 
 def test_an_unsupported_cache_implementation_is_refused():

@@ -19,6 +19,7 @@ import torch
 import transformers
 from huggingface_hub import ModelCard
 from naive import naive_attention
+from torch._dynamo.testing import CompileCounter
 from transformers import (
     AutoModelForCausalLM,
     BertConfig,
@@ -369,6 +370,21 @@ def test_compiled_decoding_with_a_static_cache_equals_eager():
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
     assert torch.equal(model.generate(ids, cache_implementation="static", **options), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_static_decoding_compiles_the_prompt_once_and_every_step_once(family):
+    """As transformers compiles (`dynamic=False`), with sinks: the static `HfAttnCache` places keys by tensors, not
+    Python numbers, so 10 decoding steps share one graph; the prompt, another shape, is the other one."""
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2, sink_tokens=1)
+    ids, mask = batch()
+    options = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    expected = greedy_by_recomputing(model, ids, mask, 10)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend=counter, dynamic=False)
+    assert torch.equal(model.generate(ids, cache_implementation="static", **options), expected)
+    assert counter.frame_count == 2
 
 
 def test_exported_with_transformers_recipe_decodes_the_logits_of_the_whole_sequence():
