@@ -116,6 +116,20 @@ def key_indices(key_start, num_slots: int, device: torch.device) -> torch.Tensor
     return key_start + torch.arange(num_slots, device=device)
 
 
+def place_columns(weights: torch.Tensor, key_index: torch.Tensor, width: int) -> torch.Tensor:
+    """(..., S) weights over keys at absolute indices `key_index` as (..., width), each in its key's column, 0 in
+    the others (keys not kept, and the weights of empty slots, which lie beyond `width`)."""
+    columns, known = _columns(key_index, width)
+    placed = weights.new_zeros(*weights.shape[:-1], width)
+    return placed.index_add(-1, columns, weights * known.to(weights.dtype))
+
+
+def taken_columns(weights: torch.Tensor, key_index: torch.Tensor) -> torch.Tensor:
+    """The inverse of `place_columns`: (..., S) from (..., width), 0 for keys beyond it."""
+    columns, known = _columns(key_index, weights.shape[-1])
+    return weights[..., columns] * known.to(weights.dtype)
+
+
 def _columns(key_index: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Columns of a mask `width` wide to read for `key_index`, and whether each exists (a static cache's empty slots
     lie beyond the mask)."""
@@ -351,28 +365,32 @@ class HfAttnAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         q, k, v = self.split_heads(hidden_states, inputs.rotary)
         dropout = self.attn_dropout.p if self.training else 0.0
-        outputs, weights, values_used = [], [], []
+        outputs, weights, values_used, key_index = [], [], [], []
         for kind in self.kinds:
             values = _take_heads(v, self.value_heads[kind.name])
             if kind.content:
                 queries = _take_heads(q, self.content_heads[kind.name])
                 keys = _take_heads(k, self.content_heads[kind.name])
-                out, w, values = self.content_heads_forward(
+                out, w, values, key_start = self.content_heads_forward(
                     kind, queries, keys, values, inputs, cache_layer, dropout, output_attentions
                 )
             else:
-                out, w, values = self.positional_heads(
+                out, w, values, key_start = self.positional_heads(
                     kind, values, length, inputs, cache_layer, dropout, output_attentions
                 )
             outputs.append(out)
             weights.append(w)
             values_used.append(values)
+            key_index.append(key_indices(key_start, values.shape[-2], v.device))
         attentions = None
         if output_attentions:
-            # Local heads' cached keys cover only the last k + T positions: left-pad them to every position.
-            padded = [nn.functional.pad(w, (inputs.key_positions.shape[-1] - w.shape[-1], 0)) for w in weights]
-            attentions = self.in_layout_order(torch.cat([w.expand(batch, -1, -1, -1) for w in padded], dim=1))
-            outputs = self.outputs_from(attentions, values_used, dropout)
+            # Each kind's weights over the keys it kept (a window, sinks apart from it, a static cache's slots), put
+            # in the column of each key's index: weights over every position, in token order, 0 for keys not kept.
+            num_keys = inputs.key_positions.shape[-1]
+            placed = [place_columns(w.expand(batch, -1, -1, -1), index, num_keys) for w, index in
+                      zip(weights, key_index, strict=True)]  # fmt: skip
+            attentions = self.in_layout_order(torch.cat(placed, dim=1))
+            outputs = self.outputs_from(attentions, values_used, key_index, dropout)
 
         # (B, T, H, D) heads side by side, one copy; then (B, T, C) for free
         out = torch.cat([o.transpose(1, 2) for o in outputs], dim=2) if len(outputs) > 1 else outputs[0].transpose(1, 2)
@@ -381,12 +399,13 @@ class HfAttnAttention(nn.Module):
         out = self.in_layout_order(out, dim=2).reshape(batch, length, -1).contiguous()
         return self.resid_dropout(self.c_proj(out)), attentions
 
-    def outputs_from(self, attentions: torch.Tensor, values: list[torch.Tensor], dropout: float) -> list[torch.Tensor]:
+    def outputs_from(self, attentions: torch.Tensor, values: list[torch.Tensor], key_index: list[torch.Tensor],
+                     dropout: float) -> list[torch.Tensor]:  # fmt: skip
         """Each kind's output computed from the very (B, H, T, S) weights `output_attentions` returns, as GPT-2's eager
         attention does: gradients then reach them (`attentions[i].retain_grad()`, attribution methods)."""
         outputs = []
-        for kind, kind_values in zip(self.kinds, values, strict=True):
-            kind_weights = _take_heads(attentions, self.value_heads[kind.name])[..., -kind_values.shape[-2] :]
+        for kind, kind_values, index in zip(self.kinds, values, key_index, strict=True):
+            kind_weights = taken_columns(_take_heads(attentions, self.value_heads[kind.name]), index)
             kind_weights = nn.functional.dropout(kind_weights, dropout).to(kind_values.dtype)
             outputs.append(torch.matmul(kind_weights, kind_values))
         return outputs
@@ -411,17 +430,13 @@ class HfAttnAttention(nn.Module):
         return kind.attention_function()(self, q, k, v, key_mask, scaling=scale, dropout=dropout)[0].transpose(1, 2)
 
     def content_heads_forward(self, kind: HeadKind, q, k, v, inputs, cache_layer, dropout, output_attentions):
+        """`kind`'s output, its weights with `output_attentions`, the values and where its keys start (or their
+        indices: see `HeadKindLayer.update_kind`)."""
         k, v, key_start, _, key_mask = self.cached(kind, k, v, q.shape[-2], inputs, cache_layer)
-        visibility = self.visibility[kind.name]
-        if output_attentions and isinstance(key_start, torch.Tensor) and key_start.dim() == 1:
-            raise ValueError(
-                "`output_attentions=True` while decoding past the window of local heads with sinks (`sink_tokens`) "
-                "is not supported: the cache no longer holds the keys between them. Recompute the whole sequence "
-                "with `use_cache=False` to get the weights."
-            )
         if output_attentions:
-            return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v
-        return self.attend(kind, q, k, v, key_mask, self.scale, dropout), None, v
+            visibility = self.visibility[kind.name]
+            return *kind.kernel_with_weights(q, k, v, visibility, key_mask, self.scale, dropout), v, key_start
+        return self.attend(kind, q, k, v, key_mask, self.scale, dropout), None, v, key_start
 
     def positional_heads(self, kind: HeadKind, v, length: int, inputs: AttentionInputs, cache_layer, dropout: float,
                          output_attentions: bool):  # fmt: skip
@@ -431,15 +446,17 @@ class HfAttnAttention(nn.Module):
         _, v, key_start, contiguous, key_mask = self.cached(kind, v, v, length, inputs, cache_layer)
         visibility, scale = self.visibility[kind.name], self.positional_qk_dim**-0.5
         num_keys = v.shape[-2]
-        if not contiguous:  # a static cache's slots (output_attentions is refused with one)
+        if not contiguous:  # a static cache's slots
             pq, pk = self.static_slot_queries_and_keys(inputs, key_start, num_keys)
-            return self.attend(kind, pq, pk, v, key_mask, scale, dropout), None, v
+            if output_attentions:
+                return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v, key_start
+            return self.attend(kind, pq, pk, v, key_mask, scale, dropout), None, v, key_start
         decoding = length < num_keys
         if decoding and DecodingKeys.applies():
             rows = inputs.positional_encoding(inputs.query_positions)  # the queries' rows only
             pq = self.positional_projection(rows)[:, :, 0].transpose(1, 2)
             pk = self.decoding_keys.get(self.p_attn, inputs, cache_layer, pq.shape[1])
-            return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v
+            return *kind.kernel_with_weights(pq, pk, v, visibility, key_mask, scale, dropout), v, key_start
         rows = inputs.positional_encoding(inputs.key_positions[:, -num_keys:])  # (B|1, S, d_P)
         reusable = (
             not decoding
@@ -450,7 +467,7 @@ class HfAttnAttention(nn.Module):
         seen = reusable and self.inference_weights.seen(self.p_attn, rows)
         if seen and self.inference_weights.weights is not None:
             weights = self.inference_weights.weights
-            return apply_positional_weights(weights, v), weights, v
+            return apply_positional_weights(weights, v), weights, v, key_start
         projected = self.positional_projection(rows)
         pq, pk = projected[:, -length:, 0].transpose(1, 2), projected[:, :, 1].transpose(1, 2)  # (B|1, H, T|S, qk)
         if seen or output_attentions:
@@ -459,7 +476,7 @@ class HfAttnAttention(nn.Module):
             out, weights = self.attend(kind, pq, pk, v, key_mask, scale, dropout), None
         if reusable:
             self.inference_weights.remember(self.p_attn, rows, weights if seen else None)
-        return out, weights, v
+        return out, weights, v, key_start
 
     def static_slot_queries_and_keys(self, inputs: AttentionInputs, key_start, num_slots: int):
         """(B|1, H, T, d_P) queries and (B|1, H, S, d_P) keys whose scores are P's attention over a static cache's

@@ -437,8 +437,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
         elif past_length == 0 and cache is not None:
             cache.make_room_for_padding(attention_mask)
         static = cache is not None and cache.is_compileable
-        if static and output_attentions:
-            raise ValueError("`output_attentions` is not supported with a static cache; use the default cache.")
+        if static and attention_mask is not None and attention_mask.dim() == 2:  # over every slot, as generate's
+            attention_mask = nn.functional.pad(attention_mask, (0, cache.get_max_length() - attention_mask.shape[-1]))
         checked = attention_mask is not None and not (static or tracing())
         if checked and attention_mask.shape[-1] != past_length + length:
             raise ValueError(

@@ -83,6 +83,30 @@ def test_compiled_static_decoding_compiles_the_prompt_once_and_every_step_once(m
     assert counter.frame_count == 2
 
 
+@pytest.mark.parametrize(
+    "model_type,sink_tokens", [*((model_type, 0) for model_type in MODEL_TYPES), ("local_gpt2", 2), ("hybrid_gpt2", 2)]
+)
+@pytest.mark.parametrize("max_cache_len", [None, 24], ids=["dynamic", "static"])
+def test_output_attentions_while_decoding_are_the_rows_of_the_whole_sequence(model_type, sink_tokens, max_cache_len):
+    """Token by token, past the local window (and with sinks, past the point where the cache keeps the sinks apart
+    from it): each step's weights are over every position in token order, as GPT-2's, 0 for keys a head does not see
+    and for a static cache's empty slots; the reference is the last row of the whole sequence's weights."""
+    model = generation_model(model_type, sink_tokens=sink_tokens)
+    _, input_ids, attention_mask = left_padded_prompts()
+    ids = torch.cat([input_ids, torch.randint(3, 37, (3, 8))], dim=1)
+    mask = torch.cat([attention_mask, torch.ones(3, 8, dtype=torch.long)], dim=1)
+    cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
+    with torch.no_grad():
+        whole = model(ids, attention_mask=mask, use_cache=False, output_attentions=True).attentions
+        model(ids[:, :7], attention_mask=mask[:, :7], cache=cache)
+        for end in range(8, ids.shape[1] + 1):
+            step = model(ids[:, end - 1 : end], attention_mask=mask[:, :end], cache=cache, output_attentions=True)
+            for got, expected in zip(step.attentions, whole, strict=True):
+                assert got.shape[-1] == (end if max_cache_len is None else max_cache_len)
+                torch.testing.assert_close(got[..., 0, :end], expected[..., end - 1, :end], rtol=1e-5, atol=1e-6)
+                assert not got[..., end:].any()
+
+
 def test_an_unsupported_cache_implementation_is_refused():
     with pytest.raises(ValueError, match="cache_implementation.*'static'"):
         mixed_model().generate(torch.tensor([[4, 5]]), max_new_tokens=2, cache_implementation="offloaded", **GREEDY)
