@@ -157,11 +157,11 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     newest_last = placed is None and (isinstance(key, dict) or attention_mask is None)
     keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
     if kwargs.get(RETURN_WEIGHTS):
+        if placed is None and isinstance(key, dict) and heads.sink_tokens:  # sinks kept apart from the window
+            prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
+            placed, attention_mask = first_and_last_index(keys, attention_mask, prefix, query.shape[-2])
         if placed is not None:
-            raise ValueError(
-                "`output_attentions=True` is not supported with a static `HfAttnCache` yet; use the dynamic cache "
-                "(the default) or `use_cache=False`."
-            )
+            keys, values, attention_mask = in_token_order(keys, values, attention_mask, placed, query.shape[-2])
         return attention_with_weights(query, keys, values, attention_mask, heads, scaling, dropout)
     if placed is not None:
         return placed_attention(module, query, keys, values, attention_mask, placed, scaling, dropout)
@@ -313,16 +313,59 @@ def local_heads_placed(query, keys: dict, values: dict, masks: dict, heads: Laye
     return out if order == sorted(order) else out[:, sorted(range(len(order)), key=order.__getitem__)]
 
 
+def first_and_last_index(keys: dict, attention_mask, prefix: int, num_queries: int) -> tuple[dict, torch.Tensor]:
+    """The index of each key a dynamic `HfAttnCache` returned, per kind: the first `prefix` tokens and the newest
+    ones (`local_heads_with_sinks`'s layout) over every key the mask spans (or, without one, the longest kind's), and
+    that mask, causal order written out where there was none."""
+    num_keys = attention_mask.shape[-1] if attention_mask is not None else max(x.shape[-2] for x in keys.values())
+    device = next(iter(keys.values())).device
+    if attention_mask is None:
+        attention_mask = visibility_mask(Visibility(True, True), num_queries, None, num_keys, device)
+    placed = {}
+    for kind, x in keys.items():
+        first = min(prefix, x.shape[-2])
+        last = x.shape[-2] - first
+        placed[kind] = torch.cat(
+            [torch.arange(first, device=device), torch.arange(num_keys - last, num_keys, device=device)]
+        )
+    return placed, attention_mask
+
+
+def in_token_order(keys: dict, values: dict, attention_mask, placed: dict, num_queries: int):
+    """A static cache's keys and values in the columns of their indices, over every slot (the mask's width), and
+    each kind's mask over them, for `attention_with_weights`: columns a kind does not hold are zeros, hidden."""
+    slots = [keys[kind].shape[-2] for kind, index in placed.items() if index is None]
+    width = attention_mask.shape[-1] if attention_mask is not None else max(slots, default=num_queries)
+    device = next(iter(keys.values())).device
+    visible = placed_mask(attention_mask, None, width, num_queries, device)
+    masks = {}
+    for kind, index in placed.items():
+        if index is None:
+            masks[kind] = visible
+            continue
+        columns, known = index.clamp(max=width - 1), index < width
+        keys[kind], values[kind] = (
+            x.new_zeros(*x.shape[:-2], width, x.shape[-1]).index_add(-2, columns, x * known[:, None].to(x.dtype))
+            for x in (keys[kind], values[kind])
+        )
+        held = torch.zeros(width, dtype=torch.long, device=device).index_add(0, columns, known.long()) > 0
+        masks[kind] = visible & held
+    return keys, values, masks
+
+
 def attention_with_weights(
     query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every head written out, for `output_attentions`: (B, T, H, D) and the (B, H, T, S) weights over the keys the
-    mask spans, the newest last; a local head's key/value head keeps fewer of them, the older ones weigh 0."""
+    mask spans, the newest last; a local head's key/value head keeps fewer of them, the older ones weigh 0. From a
+    static cache (`in_token_order`), the mask comes per kind of key/value head."""
     num_queries = query.shape[-2]
     num_keys = max(k.shape[-2] for k in keys.values())
     if attention_mask is None:  # causal order: query i is key num_keys - num_queries + i
         attention_mask = visibility_mask(Visibility(True, True), num_queries, None, num_keys, query.device)
-    visible = attention_mask.bool()
+    if not isinstance(attention_mask, dict):
+        attention_mask = dict.fromkeys(keys, attention_mask.bool())
+    visible = torch.cat(torch.broadcast_tensors(*(attention_mask[kind] for kind, _ in heads.every_source)), dim=1)
     k, v = (per_head(left_padded(states, num_keys), heads.every_source) for states in (keys, values))
     is_local = torch.tensor([kind == "local" for kind in heads.kinds], device=query.device)[:, None, None]
     mask = torch.where(is_local, local_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
@@ -465,7 +508,9 @@ class HybridModelMixin(CardSharing):
         model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
         if generation_config.is_assistant:
             # as transformers asks of the caches it makes: room for the drafts a verification may reject
-            model_kwargs["cache"].activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
+            model_kwargs["cache"].activate_past_recording(
+                recurrent_states_to_keep=generation_config.num_assistant_tokens
+            )
 
 
 def hybrid_forward(family_forward: Callable) -> Callable:

@@ -136,6 +136,26 @@ def test_decoding_with_sinks_gives_the_logits_of_the_whole_sequence(family, padd
         assert local.keys.shape[-2] == (3 if padded else 0) + SINKS + WINDOW
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("max_cache_len", [None, 30], ids=["dynamic", "static"])
+def test_output_attentions_while_decoding_with_sinks_are_the_rows_of_the_whole_sequence(family, max_cache_len):
+    """Left-padded, past the window: each step's weights are over every position in token order (a static cache's
+    every slot), 0 for keys a head does not see and for empty slots; the reference is the whole sequence's last row."""
+    model = with_sinks(family)
+    ids, mask = batch(length=20)
+    positions = positions_of(mask)
+    whole = model(ids, attention_mask=mask, position_ids=positions, use_cache=False, output_attentions=True).attentions
+    cache = HfAttnCache(model.config, max_cache_len=max_cache_len)
+    model(ids[:, :12], attention_mask=mask[:, :12], position_ids=positions[:, :12], cache=cache)
+    for end in range(13, 21):
+        step = model(ids[:, end - 1 : end], attention_mask=mask[:, :end], position_ids=positions[:, end - 1 : end],
+                     cache=cache, output_attentions=True).attentions  # fmt: skip
+        for got, expected in zip(step, whole, strict=True):
+            assert got.shape[-1] == (end if max_cache_len is None else max_cache_len)
+            torch.testing.assert_close(got[..., 0, :end], expected[..., end - 1, :end], rtol=1e-5, atol=1e-6)
+            assert not got[..., end:].any()
+
+
 def test_the_cache_keeps_the_sinks_and_the_window_of_local_key_value_heads():
     model = with_sinks("llama")  # layer 0: key/value head 0 global, head 1 local; layer 1: both read by a global head
     ids, mask = batch(length=20)
