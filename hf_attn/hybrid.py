@@ -53,7 +53,7 @@ from .attention_hf_attn import (
     visibility_mask,
 )
 from .cache_hf_attn import KEY_INDEX, HfAttnCache, model_window
-from .modeling_hf_attn import CardSharing
+from .modeling_hf_attn import CardSharing, unsupported_attention
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
 # The keyword argument that asks `hybrid_attention` for its weights: the families pass unknown keyword arguments down
@@ -487,8 +487,8 @@ class HybridModelMixin(CardSharing):
         allowed = ("sdpa", HYBRID_ATTENTION)
         if requested_attention is not None and requested_attention not in allowed:
             raise ValueError(
-                f"`attn_implementation`={requested_attention!r} is not supported by hybridized models; allowed: "
-                f"{list(allowed)} (both run global heads through SDPA)."
+                unsupported_attention(requested_attention, allowed)
+                + " (hybridized models: both run global heads through SDPA, local heads through hf_attn's kernel)."
             )
         return HYBRID_ATTENTION
 

@@ -109,8 +109,8 @@ class HfAttnPreTrainedModel(CardSharing, PreTrainedModel):
         supported = list(HEAD_KINDS["global"].kernels)
         if requested_attention is not None and requested_attention not in supported:
             raise ValueError(
-                f"`attn_implementation`={requested_attention!r} is not supported by {type(self).__name__}; allowed: "
-                f"{supported} (the global heads' kernel; local and positional heads always run their own)."
+                unsupported_attention(requested_attention, supported)
+                + f" ({type(self).__name__}: the global heads' kernel; local and positional heads run their own)."
             )
         return requested_attention or supported[0]
 
@@ -497,6 +497,13 @@ class HfAttnModel(HfAttnPreTrainedModel):
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
+
+
+def unsupported_attention(requested: str, supported) -> str:
+    """transformers' words for an `attn_implementation` it does not know, which its tests and users' code match, with
+    what this model allows."""
+    allowed = ", ".join(f'`attn_implementation="{name}"`' for name in supported)
+    return f'Specified `attn_implementation="{requested}"` is not supported. The only possible arguments are {allowed}'
 
 
 def tracing() -> bool:

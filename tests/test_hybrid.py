@@ -540,8 +540,10 @@ def test_bad_input_is_refused_naming_what_is_allowed(make, arguments, message):
 
 def test_attn_implementations_other_than_sdpa_are_refused():
     model = hybridize(tiny("llama"), num_local_heads=4)
-    with pytest.raises(ValueError, match=r"'eager' is not supported by hybridized models; allowed: \['sdpa'"):
-        model.set_attn_implementation("eager")
+    for implementation in ("eager", "foo"):
+        expected = f'Specified `attn_implementation="{implementation}"` is not supported. The only possible arguments '
+        with pytest.raises(ValueError, match=re.escape(expected + 'are `attn_implementation="sdpa"`')):
+            model.set_attn_implementation(implementation)
 
 
 def test_import_registers_the_hybrid_types_with_the_auto_classes():

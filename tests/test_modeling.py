@@ -374,9 +374,12 @@ def test_attn_implementation_eager_equals_sdpa(model_type, attend_to_self):
         assert global_kernels(sdpa) == {eager_attention}
 
 
-@pytest.mark.parametrize("implementation", ["flash_attention_2", "paged|eager", "hf_attn_local"])
+@pytest.mark.parametrize("implementation", ["foo", "flash_attention_2", "paged|eager", "hf_attn_local"])
 def test_unsupported_attn_implementation_is_refused_listing_what_is(implementation):
-    with pytest.raises(ValueError, match=re.escape("allowed: ['sdpa', 'eager', 'flex_attention']")):
+    """In transformers' words, which its tests match, with what the model allows."""
+    allowed = '`attn_implementation="sdpa"`, `attn_implementation="eager"`, `attn_implementation="flex_attention"`'
+    expected = f'Specified `attn_implementation="{implementation}"` is not supported. The only possible arguments are '
+    with pytest.raises(ValueError, match=re.escape(expected + allowed)):
         AutoModelForCausalLM.from_config(tiny_config("hybrid_gpt2"), attn_implementation=implementation)
 
 
