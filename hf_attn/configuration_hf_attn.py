@@ -45,6 +45,10 @@ def _choice_error(field: str, value, allowed) -> ValueError:
     return ValueError(f"`{field}` must be one of {list(allowed)}, got {value!r}.")
 
 
+# Positional encodings whose width d_P `n_positions` fixes.
+FIXED_WIDTH_ENCODINGS = ("onehot", "binary")
+
+
 class HfAttnConfig(GPT2Config):
     r"""
     head_layout (`list[list[str]]`, *optional*):
@@ -183,6 +187,23 @@ class HfAttnConfig(GPT2Config):
         super().__post_init__(**kwargs)
         self.validate()
 
+    def __setattr__(self, name: str, value) -> None:
+        """A fixed P's width (`"onehot"`, `"binary"`) follows `n_positions` (or `max_position_embeddings`) and
+        `positional_encoding` when they change after the config is made, and so does `positional_qk_dim` where it
+        was left to follow it: a config edited as transformers' tests edit them builds, saves and loads."""
+        name = self.attribute_map.get(name, name) if name != "attribute_map" else name
+        derived = self.__dict__.get("positional_encoding_dim") is not None  # filled in by `__post_init__`
+        if not derived or name not in ("n_positions", "positional_encoding"):
+            super().__setattr__(name, value)
+            return
+        width, qk_width = self.positional_encoding_dim, self.positional_qk_dim
+        followed = width == self.natural_positional_encoding_dim()
+        super().__setattr__(name, value)
+        if followed or self.positional_encoding in FIXED_WIDTH_ENCODINGS:
+            super().__setattr__("positional_encoding_dim", self.natural_positional_encoding_dim())
+            if qk_width == width:
+                super().__setattr__("positional_qk_dim", self.positional_encoding_dim)
+
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
         """Also loads a config saved before `scale_embedding` existed (every saved config names its transformers
@@ -308,7 +329,7 @@ class HfAttnConfig(GPT2Config):
 
     def validate_positional_dims(self):
         natural = self.natural_positional_encoding_dim()
-        fixed = self.positional_encoding in ("onehot", "binary")
+        fixed = self.positional_encoding in FIXED_WIDTH_ENCODINGS
         # Only a model with positional heads builds P from n_positions: without them, changing n_positions after the
         # config was made leaves nothing out of step.
         if fixed and self.uses_positional_heads and self.positional_encoding_dim != natural:

@@ -104,6 +104,29 @@ class HfAttnPreTrainedModel(CardSharing, PreTrainedModel):
 
     is_remote_code = RemoteCodeQuery()
 
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
+        """Refuses a config edited after the model was built that no longer fits its weights (the checkpoint would
+        not load), then saves as `CardSharing` does."""
+        if changed := self.fields_out_of_step():
+            raise ValueError(
+                f"The config was edited after this model was built: {', '.join(changed)} no longer fits its weights, "
+                "so the checkpoint would not load. Build a new model from the edited config "
+                "(`AutoModelForCausalLM.from_config(model.config)`), or set the field back."
+            )
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def fields_out_of_step(self) -> list[str]:
+        """Config fields that no longer describe the weights: a learned position table's length, P's width."""
+        config, built = self.config, {}
+        for table in (getattr(self.base_model, "wpe", None), getattr(self.base_model, "wpp", None)):
+            if isinstance(table, nn.Embedding):
+                built["n_positions"] = table.num_embeddings
+        if (table := getattr(self.base_model, "wpp", None)) is not None:
+            rows = table.weight if isinstance(table, nn.Embedding) else table.table
+            built["positional_encoding_dim"] = rows.shape[-1]
+        return [f"`{field}`={getattr(config, field)} (built with {value})" for field, value in built.items()
+                if value != getattr(config, field)]  # fmt: skip
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of `attn_implementation`, refusing with what is supported: the global heads' kernels."""
         supported = list(HEAD_KINDS["global"].kernels)

@@ -4,6 +4,7 @@ import json
 import logging
 
 import pytest
+import torch
 from conftest import MODEL_TYPES, tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
@@ -216,3 +217,25 @@ def test_gpt2_aliases_set_their_fields_before_derived_ones(model_type):
     named = AutoConfig.for_model(model_type, n_layer=2, n_embd=48, n_head=4, n_positions=32)
     assert aliased.to_dict() == named.to_dict()
     assert len(aliased.head_layout) == 2 and aliased.content_qk_dim == 12
+
+
+@pytest.mark.parametrize("alias", ["n_positions", "max_position_embeddings"])
+@pytest.mark.parametrize("encoding,width", [("onehot", 64), ("binary", 6), ("sinusoidal", 32)])
+def test_a_fixed_p_follows_n_positions_changed_after_the_config_is_made(alias, encoding, width, tmp_path):
+    """As transformers' tests edit configs: the edited config saves, loads and builds a model of the new length."""
+    config = AutoConfig.for_model("positional_gpt2", n_layer=1, n_head=2, n_embd=32, vocab_size=50, n_positions=11,
+                                  positional_encoding=encoding)  # fmt: skip
+    setattr(config, alias, 64)
+    assert (config.n_positions, config.positional_encoding_dim, config.positional_qk_dim) == (64, width, width)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert (loaded.n_positions, loaded.positional_encoding_dim) == (64, width)
+    model = AutoModelForCausalLM.from_config(loaded).eval()
+    assert model(torch.arange(40)[None] % loaded.vocab_size).logits.shape[1] == 40  # positions beyond the old 11
+
+
+def test_a_given_positional_width_stays_when_n_positions_changes():
+    fields = dict(positional_encoding="learned", positional_encoding_dim=24, positional_qk_dim=8)
+    config = AutoConfig.for_model("positional_gpt2", n_layer=1, n_head=2, n_embd=32, n_positions=11, **fields)
+    config.n_positions = 64
+    assert (config.positional_encoding_dim, config.positional_qk_dim) == (24, 8)

@@ -122,12 +122,17 @@ def test_a_config_whose_n_positions_changed_after_building_saves_and_loads(model
     torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits, atol=0, rtol=0)
 
 
-def test_a_positional_model_whose_n_positions_changed_is_refused_naming_the_field(tmp_path):
-    """Its one-hot P has a row per position: a config saying otherwise would not load its weights."""
-    model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2"))
+@pytest.mark.parametrize("model_type", ["positional_gpt2", "local_gpt2"])
+def test_a_model_whose_n_positions_changed_after_it_was_built_is_refused_naming_the_field(model_type, tmp_path):
+    """Its learned positions (and a one-hot P's width) have a row per position: a config saying otherwise would
+    save a checkpoint that does not load. The edited config itself saves, and builds a model that does."""
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type))
     model.config.n_positions = 128
-    with pytest.raises(ValueError, match="positional_encoding_dim"):
-        model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"`n_positions`=128 \(built with 64\).*from_config"):
+        model.save_pretrained(tmp_path / "stale")
+    rebuilt = AutoModelForCausalLM.from_config(model.config)
+    rebuilt.save_pretrained(tmp_path / "rebuilt")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "rebuilt").config.n_positions == 128
 
 
 def test_remote_code_is_enabled_for_one_model_not_its_class(tmp_path):
