@@ -14,7 +14,7 @@ every head of a layer (Mistral; Qwen2 and Qwen3 with `use_sliding_window`) keeps
 """
 
 import torch
-from transformers import Cache
+from transformers import Cache, DynamicCache, StaticCache
 from transformers.cache_utils import (
     CacheLayerMixin,
     DynamicLayer,
@@ -491,11 +491,20 @@ def left_padding(attention_mask: torch.Tensor | dict | None) -> int:
 
 class HfAttnCache(Cache):
     """`Cache` for hf_attn models and hybridized ones: dynamic, or static and compileable with `max_cache_len` (what
-    `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too."""
+    `cache_implementation="static"` makes). `generate` and the model make it themselves; a user may too.
+
+    `HfAttnCache(config)` is an `HfAttnDynamicCache`, a transformers `DynamicCache`, and `HfAttnCache(config,
+    max_cache_len=N)` an `HfAttnStaticCache`, a `StaticCache`, so that code asking `isinstance` treats them as
+    transformers' own; both are made of `HeadKindLayer`s."""
+
+    def __new__(cls, config: HfAttnConfig | None = None, max_cache_len: int | None = None, **kwargs):
+        if cls is HfAttnCache:
+            cls = HfAttnDynamicCache if max_cache_len is None else HfAttnStaticCache
+        return super().__new__(cls)
 
     def __init__(self, config: HfAttnConfig, max_cache_len: int | None = None):
-        layers = len(config.kv_head_layout)
-        super().__init__(layers=[HeadKindLayer(config, i, max_cache_len) for i in range(layers)])
+        layers = [HeadKindLayer(config, i, max_cache_len) for i in range(len(config.kv_head_layout))]
+        Cache.__init__(self, layers=layers)  # not `DynamicCache`'s or `StaticCache`'s: they make their own layers
         # The first tokens local heads with sinks read: the sinks, and the left padding before them once known.
         self.sink_tokens = self.first_tokens = getattr(config, "sink_tokens", 0)
 
@@ -520,8 +529,30 @@ class HfAttnCache(Cache):
         return sum(storages.values())
 
 
+class HfAttnDynamicCache(HfAttnCache, DynamicCache):
+    """`HfAttnCache` without `max_cache_len`: a `DynamicCache` of `HeadKindLayer`s."""
+
+    def __iter__(self):
+        """(keys, values, None) per layer, as `DynamicCache` yields them, where each layer's kinds keep the same
+        tokens and widths (every head's kind keeps every token, as global heads do); otherwise no one tensor holds
+        a layer's keys."""
+        for layer in self.layers:
+            if set(layer.by_kind) != {"global"} or isinstance(layer.first, WindowLayer):
+                raise TypeError(
+                    "An HfAttnCache whose layers keep different tokens per head kind (windows, values only) has no "
+                    "(keys, values) tensor per layer; read `cache.layers[i].tensors()`."
+                )
+            yield layer.first.keys, layer.first.values, None
+
+
+class HfAttnStaticCache(HfAttnCache, StaticCache):
+    """`HfAttnCache` with `max_cache_len`: a `StaticCache` of `HeadKindLayer`s, compileable."""
+
+
 __all__ = [
     "HfAttnCache",
+    "HfAttnDynamicCache",
+    "HfAttnStaticCache",
     "HeadKindLayer",
     "AppendingLayer",
     "WindowLayer",

@@ -8,10 +8,10 @@ from conftest import MODEL_TYPES, tiny_config
 from test_convert_gpt2 import GPT2_FIELDS
 from test_generation import PAD, generation_model, greedy_by_recomputing, left_padded_prompts
 from torch._dynamo.testing import CompileCounter
-from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
-from hf_attn import HfAttnCache, convert_gpt2
+from hf_attn import HfAttnCache, convert_gpt2, hybridize
 from hf_attn.cache_hf_attn import StaticSinkWindowLayer
 
 MIXED = [["global", "local", "positional", "positional"], ["positional", "global", "local", "global"]]
@@ -105,6 +105,37 @@ def test_output_attentions_while_decoding_are_the_rows_of_the_whole_sequence(mod
                 assert got.shape[-1] == (end if max_cache_len is None else max_cache_len)
                 torch.testing.assert_close(got[..., 0, :end], expected[..., end - 1, :end], rtol=1e-5, atol=1e-6)
                 assert not got[..., end:].any()
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_generate_gives_transformers_cache_classes_that_keep_each_kinds_saving(cache_implementation):
+    """A `DynamicCache` by default and a `StaticCache` with `cache_implementation="static"`, as for GPT-2, for hf_attn's
+    models and hybridized ones; the local heads' part keeps its window either way."""
+    expected_class = StaticCache if cache_implementation == "static" else DynamicCache
+    _, input_ids, attention_mask = left_padded_prompts()
+    options = dict(attention_mask=attention_mask, max_new_tokens=6, return_dict_in_generate=True, **GREEDY)
+    gpt2 = GPT2LMHeadModel(GPT2Config(**GPT2_FIELDS)).eval()
+    assert isinstance(gpt2.generate(input_ids, cache_implementation=cache_implementation, **options).cache,
+                      expected_class)  # fmt: skip
+    hybridized = hybridize(GPT2LMHeadModel(GPT2Config(**GPT2_FIELDS)).eval(), num_local_heads=2, local_window=2)
+    for model in (mixed_model(), hybridized):
+        cache = model.generate(input_ids, cache_implementation=cache_implementation, **options).cache
+        assert isinstance(cache, expected_class) and isinstance(cache, HfAttnCache)
+        assert not isinstance(cache, StaticCache if expected_class is DynamicCache else DynamicCache)
+        assert cache.layers[0].tensors()["local_keys"].shape[-2] == 2  # k = 2 of 7 + 6 tokens
+
+
+def test_a_cache_of_global_heads_only_iterates_as_a_dynamic_cache():
+    """`DynamicCache` yields (keys, values, sliding window) per layer; a layer whose kinds keep different tokens has
+    no such tensors, and says where to look."""
+    model = generation_model("hybrid_gpt2", head_layout=[["global"] * 4] * 2)
+    input_ids = torch.randint(3, 37, (2, 5))
+    with torch.no_grad():
+        cache = model(input_ids, use_cache=True).cache
+    for keys, values, window in cache:
+        assert keys.shape == values.shape == (2, 4, 5, 8) and window is None
+    with pytest.raises(TypeError, match=r"tensors\(\)"):
+        list(mixed_model()(input_ids, use_cache=True).cache)
 
 
 def test_an_unsupported_cache_implementation_is_refused():

@@ -47,6 +47,7 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
+from hf_attn.cache_hf_attn import HfAttnDynamicCache
 from hf_attn.attention_hf_attn import Visibility, local_visible
 from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
 
@@ -586,7 +587,7 @@ def test_generate_continues_from_the_cache_it_returned():
     options = dict(do_sample=False, pad_token_id=0)
     whole = model.generate(ids, attention_mask=mask, max_new_tokens=10, **options)
     first = model.generate(ids, attention_mask=mask, max_new_tokens=5, return_dict_in_generate=True, **options)
-    assert type(first.cache) is HfAttnCache
+    assert type(first.cache) is HfAttnDynamicCache
     mask = torch.cat([mask, torch.ones_like(mask[:, :5])], dim=1)
     rest = model.generate(first.sequences, attention_mask=mask, cache=first.cache, max_new_tokens=5, **options)
     assert torch.equal(rest, whole)
