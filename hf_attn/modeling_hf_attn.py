@@ -94,6 +94,10 @@ class HfAttnPreTrainedModel(CardSharing, PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = False
+    # Not a backend for vLLM or TGI (transformers' meaning of the flag): that needs a tensor-parallel plan and every
+    # layer's attention behind one function of the interface, where ours runs one per head kind. What transformers'
+    # padding-free tests check behind it holds: rows packed without a mask, positions restarting per document, give
+    # the padded batch's outputs, however long the row (tests/test_masks.py).
     _supports_attention_backend = False
     _can_compile_fullgraph = True
 
@@ -302,9 +306,9 @@ class HfAttnModel(HfAttnPreTrainedModel):
             if attention_mask.shape[-1] > self.config.n_positions:  # below, no position can be out of range
                 shared = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
                 questions["largest position"] = torch.where(row_in_order, shared, positions).max()
-        else:
-            questions["largest position"] = past_length + length - 1
-        if position_ids is not None:
+        elif position_ids is None or not (isinstance(past_length, int) and past_length == 0):
+            questions["largest position"] = past_length + length - 1  # keys sit at positions 0 .. past + T - 1
+        if position_ids is not None:  # without a cache, the only positions: a packed row's restart
             questions["largest given position"] = position_ids.max()
             if attention_mask is None:
                 questions["restarts"] = restarts_of(position_ids).any()

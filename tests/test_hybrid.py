@@ -47,8 +47,8 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
-from hf_attn.cache_hf_attn import HfAttnDynamicCache
 from hf_attn.attention_hf_attn import Visibility, local_visible
+from hf_attn.cache_hf_attn import HfAttnDynamicCache
 from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
 
 VOCAB = 97

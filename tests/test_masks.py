@@ -73,6 +73,28 @@ def test_packed_documents_attend_only_within_themselves(variant):
             torch.testing.assert_close(logits, model(document[None]).logits[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("variant", [*VARIANTS, "sinks"])
+def test_a_padded_batch_gives_its_packed_row_the_same_logits_though_longer_than_n_positions(variant):
+    """transformers' padding-free property (TRL's `padding_free=True`, `DataCollatorWithFlattening`): the real tokens of
+    a padded batch, packed into one row of 60 tokens with positions restarting at each document and no mask, get the
+    padded batch's logits, though the row is longer than `n_positions` (24): only each document must fit."""
+    model_type, overrides = VARIANTS.get(variant, ("local_gpt2", {"sink_tokens": 2}))
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, initializer_range=0.3, n_positions=24,
+                                                         **overrides)).eval()  # fmt: skip
+    lengths = [20, 9, 17, 14]
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    input_ids = torch.randint(3, 37, mask.shape)
+    packed = input_ids[mask.bool()][None]
+    positions = torch.cat([torch.arange(length) for length in lengths])[None]
+    assert packed.shape[1] == 60 > model.config.n_positions
+    with torch.no_grad():
+        padded = model(input_ids, attention_mask=mask).logits[mask.bool()]
+        got = model(packed, position_ids=positions).logits[0]
+    torch.testing.assert_close(got, padded, atol=1e-5, rtol=1e-5)
+
+
 def random_attention_mask(batch: int, length: int) -> torch.Tensor:
     """As transformers' model tests draw them: random 0/1 with the first column kept, so holes lie anywhere."""
     mask = torch.randint(0, 2, (batch, length))
