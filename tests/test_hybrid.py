@@ -327,7 +327,7 @@ def test_static_cache_generate_equals_recomputing(family):
     ids, mask = batch()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
                          cache_implementation="static", return_dict_in_generate=True)  # fmt: skip
-    assert isinstance(out.cache, HfAttnCache) and out.cache.is_compileable
+    assert isinstance(out.cache, HfAttnCache) and isinstance(out.cache, StaticCache) and out.cache.is_compileable
     assert torch.equal(out.sequences, greedy_by_recomputing(model, ids, mask, 8))
     tensors = out.cache.layers[0].tensors()
     assert tensors["global_keys"].shape[-2] == 19 and tensors["local_keys"].shape[-2] == 2  # 12 + 8 - 1 tokens

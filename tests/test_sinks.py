@@ -156,6 +156,26 @@ def test_output_attentions_while_decoding_with_sinks_are_the_rows_of_the_whole_s
             assert not got[..., end:].any()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("sink_tokens", [0, SINKS])
+def test_a_padded_batch_gives_its_packed_row_the_same_logits(family, sink_tokens):
+    """transformers' padding-free property (TRL's `padding_free=True`): the real tokens of a right-padded batch packed
+    into one row, positions restarting at each document and no mask, get the padded batch's logits; local heads'
+    windows and sinks stay within each document. Without a cache, as transformers' own test runs it: its families
+    find packed documents only then."""
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=WINDOW, sink_tokens=sink_tokens)
+    lengths = [12, 5, 9]
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    ids = batch(length=max(lengths))[0].repeat(2, 1)[: len(lengths)]
+    positions = torch.cat([torch.arange(length) for length in lengths])[None]
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask, position_ids=positions_of(mask), use_cache=False).logits
+        packed = model(ids[mask.bool()][None], position_ids=positions, use_cache=False).logits[0]
+    torch.testing.assert_close(packed, padded[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
 def test_the_cache_keeps_the_sinks_and_the_window_of_local_key_value_heads():
     model = with_sinks("llama")  # layer 0: key/value head 0 global, head 1 local; layer 1: both read by a global head
     ids, mask = batch(length=20)
