@@ -19,6 +19,7 @@ import torch
 import transformers
 from huggingface_hub import ModelCard
 from naive import naive_attention
+from test_masks import shared_prefix_batch
 from torch._dynamo.testing import CompileCounter
 from transformers import (
     AutoModelForCausalLM,
@@ -593,15 +594,30 @@ def test_generate_continues_from_the_cache_it_returned():
     assert torch.equal(rest, whole)
 
 
-def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding():
-    """Both crop the cache after rejected draft tokens, windows of local heads included."""
-    model = hybridize(tiny("llama"), head_layout=LAYOUT, local_window=2)
-    assistant = hybridize(tiny("llama", seed=1), num_local_heads=8, local_window=1)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding(family):
+    """Both crop the cache after rejected draft tokens, windows of local heads included; assisted decoding from a
+    static cache too, whose windows keep room for the drafts."""
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2)
+    assistant = hybridize(tiny(family, seed=1), num_local_heads=8, local_window=1)
     ids = batch(length=10)[0][1:]
     options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
     greedy = model.generate(ids, **options)
     assert torch.equal(model.generate(ids, assistant_model=assistant, **options), greedy)
     assert torch.equal(model.generate(ids, prompt_lookup_num_tokens=3, **options), greedy)
+    assert torch.equal(model.generate(ids, assistant_model=assistant, cache_implementation="static", **options), greedy)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_custom_4d_mask_gives_the_logits_of_separate_sequences(family):
+    """transformers' custom 4D mask case: three sequences sharing a prefix, packed into one row whose last three tokens
+    do not see each other; local heads count their window along the mask."""
+    model = hybridize(tiny(family), head_layout=LAYOUT, local_window=2, sink_tokens=1)
+    separate, packed, visible, positions = shared_prefix_batch()
+    with torch.no_grad():
+        expected = model(separate, use_cache=False).logits[:, -1]
+        got = model(packed, attention_mask=visible, position_ids=positions, use_cache=False).logits[0, 3:]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_the_docs_cache_table_is_what_the_layouts_give():
