@@ -8,7 +8,7 @@ import torch
 from conftest import MODEL_TYPES, tiny_config
 from transformers import AutoModelForCausalLM
 
-from hf_attn.cache_hf_attn import MIN_GROWTH
+from hf_attn.cache_layers_hf_attn import MIN_GROWTH
 
 PAD = 2
 
