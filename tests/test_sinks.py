@@ -229,18 +229,21 @@ def test_assisted_decoding_with_a_static_sink_cache_equals_greedy():
     assert torch.equal(model.generate(ids, assistant_model=assistant, cache_implementation="static", **options), greedy)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
-def test_compiled_static_decoding_with_sinks_equals_recomputing(family):
+def assert_compiled_static_greedy_equals_recomputing(model, ids: torch.Tensor, mask: torch.Tensor) -> None:
     """`torch.compile(model.forward, fullgraph=True)`: any graph break is an error; the prefill runs compiled too,
     so the cache makes room for as much left padding as the prompt could hold."""
-    model = with_sinks(family)
-    ids, mask = batch(length=8)
     expected = greedy_by_recomputing(model, ids, mask, 12)
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
     generated = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
                                cache_implementation="static")  # fmt: skip
     assert torch.equal(generated, expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_compiled_static_decoding_with_sinks_equals_recomputing(family):
+    ids, mask = batch(length=8)
+    assert_compiled_static_greedy_equals_recomputing(with_sinks(family), ids, mask)
 
 
 def test_assisted_decoding_crops_the_sink_cache_and_equals_greedy():
@@ -414,12 +417,5 @@ def test_own_models_decode_with_sinks_from_a_static_cache_as_the_whole_sequence(
 
 @pytest.mark.parametrize("model_type", ["local_gpt2", "hybrid_gpt2"])
 def test_own_models_generate_with_sinks_compiled_and_static_as_by_recomputing(model_type):
-    model = own_model(model_type)
     ids, mask = batch(length=8)
-    ids = ids % 50
-    expected = greedy_by_recomputing(model, ids, mask, 12)
-    torch._dynamo.reset()
-    model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
-    generated = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                               cache_implementation="static")  # fmt: skip
-    assert torch.equal(generated, expected)
+    assert_compiled_static_greedy_equals_recomputing(own_model(model_type), ids % 50, mask)
