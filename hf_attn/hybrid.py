@@ -52,6 +52,7 @@ from .attention_hf_attn import (
     masked_weights,
     visibility_mask,
 )
+from .attention_inputs_hf_attn import place_columns
 from .cache_hf_attn import KEY_INDEX, HfAttnCache, model_window
 from .modeling_hf_attn import CardSharing, unsupported_attention
 
@@ -332,8 +333,9 @@ def first_and_last_index(keys: dict, attention_mask, prefix: int, num_queries: i
 
 
 def in_token_order(keys: dict, values: dict, attention_mask, placed: dict, num_queries: int):
-    """A static cache's keys and values in the columns of their indices, over every slot (the mask's width), and
-    each kind's mask over them, for `attention_with_weights`: columns a kind does not hold are zeros, hidden."""
+    """Keys and values placed by index (a static cache's slots, sinks kept apart from their window) put in the
+    columns of their indices over every position the mask spans, and each kind's mask over them, for
+    `attention_with_weights`: columns a kind does not hold are zeros, hidden."""
     slots = [keys[kind].shape[-2] for kind, index in placed.items() if index is None]
     width = attention_mask.shape[-1] if attention_mask is not None else max(slots, default=num_queries)
     device = next(iter(keys.values())).device
@@ -343,13 +345,10 @@ def in_token_order(keys: dict, values: dict, attention_mask, placed: dict, num_q
         if index is None:
             masks[kind] = visible
             continue
-        columns, known = index.clamp(max=width - 1), index < width
         keys[kind], values[kind] = (
-            x.new_zeros(*x.shape[:-2], width, x.shape[-1]).index_add(-2, columns, x * known[:, None].to(x.dtype))
-            for x in (keys[kind], values[kind])
+            place_columns(x.transpose(-1, -2), index, width).transpose(-1, -2) for x in (keys[kind], values[kind])
         )
-        held = torch.zeros(width, dtype=torch.long, device=device).index_add(0, columns, known.long()) > 0
-        masks[kind] = visible & held
+        masks[kind] = visible & (place_columns(torch.ones(len(index), device=device), index, width) > 0)
     return keys, values, masks
 
 
