@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .attention_hf_attn import Visibility, window_overlay
+from .visibility_hf_attn import Visibility, window_overlay
 
 
 @dataclass

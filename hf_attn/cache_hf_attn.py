@@ -27,6 +27,7 @@ from .cache_layers_hf_attn import (
 )
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind, kinds_in
+from .positions_hf_attn import tracing
 
 # The entry of the keys `HeadKindLayer.update` returns from a static cache: per kind, the index of each key it returned
 # (a `StaticSinkWindowLayer`'s), or None where each slot is its token's index (a `StaticLayer`'s).
@@ -148,21 +149,14 @@ class HeadKindLayer(LayerOfLayers):
     def get_max_length(self) -> int:
         return max(layer.get_max_length() for layer in self.by_kind.values())
 
-    @property
-    def is_initialized(self) -> bool:
-        return all(layer.is_initialized for layer in self.by_kind.values())
+    def every_kind(self, attribute: str) -> bool:
+        """Whether every kind's layer has `attribute`: the layer is initialized, compileable, ... only if all are."""
+        return all(getattr(layer, attribute) for layer in self.by_kind.values())
 
-    @property
-    def is_compileable(self) -> bool:
-        return all(layer.is_compileable for layer in self.by_kind.values())
-
-    @property
-    def is_croppable(self) -> bool:
-        return all(layer.is_croppable for layer in self.by_kind.values())
-
-    @property
-    def is_sliding(self) -> bool:
-        return all(layer.is_sliding for layer in self.by_kind.values())
+    is_initialized = property(lambda self: self.every_kind("is_initialized"))
+    is_compileable = property(lambda self: self.every_kind("is_compileable"))
+    is_croppable = property(lambda self: self.every_kind("is_croppable"))
+    is_sliding = property(lambda self: self.every_kind("is_sliding"))
 
     @property
     def record_past(self) -> bool:
@@ -266,6 +260,96 @@ class HfAttnStaticCache(HfAttnCache, StaticCache):
     """`HfAttnCache` with `max_cache_len`: a `StaticCache` of `HeadKindLayer`s, compileable."""
 
 
+class GenerateWithHfAttnCache:
+    """For models whose heads keep different tokens (hf_attn's and hybridized ones): `generate`'s cache, made as for
+    any model, then replaced by an `HfAttnCache` that keeps of each key/value head what its query heads read, static
+    with the same length when `generate` made a `StaticCache` (`cache_implementation="static"`)."""
+
+    # Who the refusal of other caches names, e.g. "hf_attn models".
+    cache_users: str
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        made = model_kwargs.get("cache")
+        if made is None or isinstance(made, HfAttnCache) or getattr(made, "_is_user_defined", False):
+            return
+        if not getattr(self.config, "is_causal", True):  # a bidirectional model reruns the whole sequence every step
+            del model_kwargs["cache"]
+            return
+        if type(made) not in (DynamicCache, StaticCache) or made.offloading:
+            raise ValueError(
+                f"`cache_implementation`={generation_config.cache_implementation!r} is not supported by "
+                f"{self.cache_users}; allowed: None or 'dynamic' (the default), 'static'."
+            )
+        max_cache_len = made.get_max_length() if isinstance(made, StaticCache) else None
+        model_kwargs["cache"] = HfAttnCache(self.config, max_cache_len=max_cache_len)
+        if generation_config.is_assistant:
+            # as transformers asks of the caches it makes: room for the drafts a verification may reject
+            model_kwargs["cache"].activate_past_recording(
+                recurrent_states_to_keep=generation_config.num_assistant_tokens
+            )
+
+
+def adopted_cache(cache, config: HfAttnConfig) -> HfAttnCache:
+    """Another model's kind of cache, e.g. PEFT's prefix of virtual tokens (a `DynamicCache`, or a legacy tuple of
+    (keys, values) per layer, (B, n_head, tokens, D)), taken in as the past of an `HfAttnCache`."""
+    layers = cache if isinstance(cache, (tuple, list)) else [(layer.keys, layer.values) for layer in cache.layers]
+    if not layers or layers[0][0] is None or layers[0][0].shape[-2] == 0:
+        raise ValueError(
+            f"`cache` must be an HfAttnCache (`generate` and the model make one; or `HfAttnCache(model.config)`), "
+            f"got an empty {type(cache).__name__}."
+        )
+    if config.uses_positional_heads:
+        raise ValueError(
+            "A cache of past keys and values (e.g. PEFT prefix tuning) cannot be taken by positional heads: their "
+            "weights come from positions, not keys, so virtual tokens would only shift every position. Global "
+            "and local heads take one; use LoRA or prompt tuning for models with positional heads."
+        )
+    widths = {config.content_qk_dim, config.n_embd // config.n_head}
+    if len(layers) != config.n_layer or any(k.shape[1] != config.n_head for k, _ in layers):
+        raise ValueError(f"`cache` must hold {config.n_layer} layers of {config.n_head} heads.")
+    if len(widths) > 1:
+        raise ValueError("A foreign cache needs `content_qk_dim` equal to the values' width (n_embd / n_head).")
+    adopted = HfAttnCache(config)
+    for layer, (keys, values) in zip(adopted.layers, layers, strict=True):
+        layer.update(keys, values)
+    return adopted
+
+
+def cache_to_use(cache, use_cache: bool | None, config: HfAttnConfig, training: bool) -> tuple[Cache | None, bool]:
+    """The cache a forward reads and writes (one is made when asked for; another model's kind is adopted), and
+    whether it is returned."""
+    use_cache = use_cache if use_cache is not None else (config.use_cache and not training)
+    if use_cache and not config.is_causal:
+        use_cache = False  # a bidirectional model's past depends on the future: recompute instead
+    if cache is not None and not isinstance(cache, HfAttnCache):
+        cache = adopted_cache(cache, config)
+    if use_cache and cache is None:
+        cache = HfAttnCache(config)
+    return cache, use_cache
+
+
+def past_and_mask(cache: HfAttnCache | None, attention_mask, length: int) -> tuple[int | torch.Tensor, object]:
+    """How many tokens are cached, and the 2D mask over the cache's columns: a static cache's every slot (as
+    `generate` widens it), checked to cover the cached and new tokens otherwise."""
+    past_length = cache.get_seq_length() if cache is not None else 0
+    if isinstance(past_length, torch.Tensor):  # a static layer's own counter, which its updates move in place
+        past_length = past_length.clone()
+    elif past_length == 0 and cache is not None:
+        cache.make_room_for_padding(attention_mask)
+    static = cache is not None and cache.is_compileable
+    if static and attention_mask is not None and attention_mask.dim() == 2:
+        width = cache.get_max_length() - attention_mask.shape[-1]
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, width))
+    checked = attention_mask is not None and not (static or tracing())
+    if checked and attention_mask.shape[-1] != past_length + length:
+        raise ValueError(
+            f"`attention_mask` must cover the {past_length} cached and {length} new tokens, "
+            f"got {attention_mask.shape[-1]} columns."
+        )
+    return past_length, attention_mask
+
+
 __all__ = [
     "NO_TOKEN",
     "HfAttnCache",
@@ -278,4 +362,6 @@ __all__ = [
     "StaticSinkWindowLayer",
     "KEY_INDEX",
     "kind_layer",
+    "adopted_cache",
+    "GenerateWithHfAttnCache",
 ]

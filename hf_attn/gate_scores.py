@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-from .attention_hf_attn import Visibility, local_visible, masked_sdpa, visibility_mask
+from .attention_hf_attn import masked_sdpa
 from .hybrid import ATTENTION_MODULES, num_key_value_heads
+from .visibility_hf_attn import Visibility, local_visible, visibility_mask
 
 GATED_ATTENTION = "hf_attn_gated"  # its name in transformers' attention and mask interfaces
 UNITS = ("kv_group", "head")
@@ -254,18 +255,9 @@ def last_hidden(model, ids: torch.Tensor, recall: torch.Tensor) -> torch.Tensor:
     return model.base_model(ids.to(model.device), use_cache=False).last_hidden_state[recall.to(model.device)]
 
 
-def gate_scores(
-    model,
-    calibration_ids: torch.Tensor,
-    *,
-    local_window: int,
-    sink_tokens: int,
-    batch_size: int,
-    unit: str,
-    tokenizer=None,
-    steps: int = STEPS,
-    num_passkeys: int | None = None,
-) -> torch.Tensor:
+def gate_scores(model, calibration_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int,
+                unit: str, tokenizer=None, steps: int = STEPS,
+                num_passkeys: int | None = None) -> torch.Tensor:  # fmt: skip
     """(layers, units) DuoAttention gates, trained on passkeys hidden in `calibration_ids` (N, T). Costs N forward
     passes and `steps` forward and backward passes of `batch_size` blocks."""
     text = retrieval_text(calibration_ids, tokenizer, num_passkeys)
@@ -297,17 +289,8 @@ def needle_attention(
     return (totals / max(count, 1)).view(layers, units, -1).amax(-1)
 
 
-def retrieval_scores(
-    model,
-    calibration_ids: torch.Tensor,
-    *,
-    local_window: int,
-    sink_tokens: int,
-    batch_size: int,
-    unit: str,
-    tokenizer=None,
-    num_passkeys: int | None = None,
-) -> torch.Tensor:
+def retrieval_scores(model, calibration_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int,
+                     unit: str, tokenizer=None, num_passkeys: int | None = None) -> torch.Tensor:  # fmt: skip
     """(layers, units) attention on the needle (`needle_attention`) of passkeys hidden in `calibration_ids` (N, T).
     Costs N / `batch_size` forward passes."""
     text = retrieval_text(calibration_ids, tokenizer, num_passkeys)

@@ -16,7 +16,6 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention_hf_attn import (
-    Visibility,
     compiled_local_attention,
     eager_attention,
     flex_global_attention,
@@ -28,6 +27,7 @@ from .attention_hf_attn import (
     positional_attention_with_weights,
     shared_weights_positional_attention,
 )
+from .visibility_hf_attn import Visibility
 
 if TYPE_CHECKING:
     from .configuration_hf_attn import HfAttnConfig
@@ -174,3 +174,10 @@ def kinds_in(*layers: list[str]) -> list[HeadKind]:
 
 
 __all__ = ["HeadKind", "HEAD_KINDS", "GLOBAL", "LOCAL", "POSITIONAL", "kinds_in", "visible_keys"]
+
+
+def unsupported_attention(requested: str, supported) -> str:
+    """transformers' words for an `attn_implementation` it does not know, which its tests and users' code match, with
+    what this model allows."""
+    allowed = ", ".join(f'`attn_implementation="{name}"`' for name in supported)
+    return f'Specified `attn_implementation="{requested}"` is not supported. The only possible arguments are {allowed}'

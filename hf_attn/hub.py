@@ -23,11 +23,11 @@ import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from .attention_hf_attn import Visibility
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind, kinds_in, visible_keys
 from .hybrid import HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
+from .visibility_hf_attn import Visibility
 
 # `model_cards/` sits at the top of the repository; the wheel ships it inside the package (pyproject.toml maps it to
 # `hf_attn/model_cards`), so an installed hf_attn finds it there and a source checkout beside the package.

@@ -12,11 +12,12 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.pytorch_utils import Conv1D
 
-from .attention_hf_attn import FIXED_ENCODINGS, MAX_SHARED_WEIGHTS_ELEMENTS, apply_positional_weights, apply_rotary
+from .attention_hf_attn import MAX_SHARED_WEIGHTS_ELEMENTS, apply_positional_weights
 from .attention_inputs_hf_attn import AttentionInputs, key_indices, place_columns, taken_columns
 from .cache_hf_attn import HeadKindLayer
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
+from .position_encodings_hf_attn import FIXED_ENCODINGS, apply_rotary
 
 
 class FixedTable(nn.Module):

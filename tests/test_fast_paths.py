@@ -12,6 +12,7 @@ from hf_attn import attention_hf_attn
 from hf_attn.head_kinds_hf_attn import HEAD_KINDS
 from hf_attn.layers_hf_attn import HfAttnAttention
 from hf_attn.modeling_hf_attn import HfAttnModel
+from hf_attn.positions_hf_attn import position_ids_from
 
 LAYOUTS = {
     "global+local": ["global", "global", "local", "local"],
@@ -46,7 +47,7 @@ def test_attention_compiles_into_one_graph(layout, positional_impl, local_window
     mask = torch.ones(2, length, dtype=torch.long)
     if padded:
         mask[0, :5] = 0
-    positions, in_order = trunk.position_ids_from(mask, 0, length, "cpu")
+    positions, in_order = position_ids_from(mask, 0, length, "cpu")
     inputs = trunk.attention_inputs(mask, positions[:, -length:], positions, in_order)
     hidden = torch.randn(2, length, 32, requires_grad=True)
     torch._dynamo.reset()  # each case is a new module: without a reset they pile up to the recompile limit

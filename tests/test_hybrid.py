@@ -48,9 +48,9 @@ from transformers.modeling_utils import AttentionInterface
 
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
-from hf_attn.attention_hf_attn import Visibility, local_visible
 from hf_attn.cache_hf_attn import HfAttnDynamicCache
-from hf_attn.hybrid import MAX_QUERIES_FOR_SDPA
+from hf_attn.hybrid_attention import MAX_QUERIES_FOR_SDPA
+from hf_attn.visibility_hf_attn import Visibility, local_visible
 
 VOCAB = 97
 NO_SPECIAL_TOKENS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -480,7 +480,7 @@ def test_a_saved_hybridized_model_loads_with_trust_remote_code_where_hf_attn_is_
         classes = {"AutoConfig": config_class, **model_classes}
         auto_map = {auto: f"hybrid.{cls.__name__}" for auto, cls in classes.items()}
         assert json.loads((folder / "config.json").read_text())["auto_map"] == auto_map
-        assert {"hybrid.py", "modeling_hf_attn.py", "attention_hf_attn.py"} <= {p.name for p in folder.iterdir()}
+        assert {"hybrid.py", "hybrid_attention.py", "attention_hf_attn.py"} <= {p.name for p in folder.iterdir()}
         with torch.no_grad():
             expected[str(folder)] = (model(ids).logits, model.model(ids).last_hidden_state)
         folders.append(str(folder))
@@ -576,7 +576,7 @@ def test_save_pretrained_writes_a_card_naming_the_local_heads_and_push_to_hub_up
     pushed_card = ModelCard.load(pushed / "README.md").text
     assert 'from_pretrained("me/tiny-hybrid")' in pushed_card
     assert 'from_pretrained("me/tiny-hybrid", trust_remote_code=True)' in pushed_card
-    assert {"hybrid.py", "modeling_hf_attn.py"} <= {path.name for path in pushed.iterdir()}
+    assert {"hybrid.py", "hybrid_attention.py"} <= {path.name for path in pushed.iterdir()}
     loaded = AutoModelForCausalLM.from_pretrained(pushed)
     ids, mask = batch()
     torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)

@@ -264,16 +264,15 @@ def test_empty_or_misshapen_inputs_are_refused(inputs):
 
 def test_positions_are_one_row_for_the_batch_unless_left_padded():
     """Right padding only masks keys, so positional heads keep one weight tensor for the whole batch."""
-    from transformers import AutoModel
+    from hf_attn.positions_hf_attn import position_ids_from
 
-    model = AutoModel.from_config(tiny_config("positional_gpt2"))
     right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    positions, in_order = model.position_ids_from(right, 0, 4, "cpu")
+    positions, in_order = position_ids_from(right, 0, 4, "cpu")
     assert positions.tolist() == [[0, 1, 2, 3]] and in_order
-    positions, in_order = model.position_ids_from(left, 0, 4, "cpu")
+    positions, in_order = position_ids_from(left, 0, 4, "cpu")
     assert positions.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]] and not in_order
-    positions, in_order = model.position_ids_from(left[1:], 0, 4, "cpu")  # one left-padded row: not in order
+    positions, in_order = position_ids_from(left[1:], 0, 4, "cpu")  # one left-padded row: not in order
     assert positions.tolist() == [[0, 0, 0, 1]] and not in_order
 
 

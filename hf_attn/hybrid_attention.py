@@ -1,0 +1,333 @@
+"""The attention function of hybridized models, `hybrid_attention`, registered in transformers' `AttentionInterface`
+as "hf_attn_hybrid": each layer's query heads split by kind (`LayerHeads`), global heads through SDPA over the mask
+transformers built, local heads through hf_attn's banded kernel (with sinks), or, from a static cache's slots, over
+keys placed by index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from .attention_hf_attn import global_attention, local_attention, masked_sdpa, masked_weights
+from .attention_inputs_hf_attn import place_columns
+from .cache_hf_attn import KEY_INDEX, model_window
+from .visibility_hf_attn import Visibility, local_visible, visibility_mask
+
+HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
+# The keyword argument that asks `hybrid_attention` for its weights: the families pass unknown keyword arguments down
+# to the attention function, but GPT-2 drops `output_attentions` on the way.
+RETURN_WEIGHTS = "hf_attn_return_weights"
+# The keyword argument telling `hybrid_attention` how many first tokens an `HfAttnCache` keeps for local heads with
+# sinks: the sinks, and the left padding before them.
+SINK_PREFIX = "hf_attn_sink_prefix"
+KINDS = ("global", "local")
+# Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
+# mask rather than the banded kernel's pass per key offset.
+MAX_QUERIES_FOR_SDPA = 16
+
+# --- which head is which ---------------------------------------------------------------------------------------
+
+
+class LayerHeads:
+    """One layer's query heads by kind (`kinds`, in head order) and the key/value heads they read: query head h reads
+    key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it. Everything is worked
+    out once, here, into plain attributes, which graph capture reads as constants."""
+
+    def __init__(
+        self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool, sink_tokens: int
+    ):
+        self.kinds, self.local_window, self.sink_tokens = tuple(kinds), local_window, sink_tokens
+        group_size = len(self.kinds) // num_key_value_heads
+        groups = [self.kinds[g * group_size : (g + 1) * group_size] for g in range(num_key_value_heads)]
+        # Per key/value head: "global" (every token kept) when a global query head reads it, else "local".
+        self.kv_kinds = tuple("global" if "global" in group else "local" for group in groups)
+        # Query heads, and key/value heads in the order `HfAttnCache` keeps them, per kind present.
+        self.heads = {kind: [h for h, k in enumerate(self.kinds) if k == kind] for kind in KINDS if kind in self.kinds}
+        self.kv_heads = {
+            kind: [g for g, k in enumerate(self.kv_kinds) if k == kind] for kind in KINDS if kind in self.kv_kinds
+        }
+        # Per query kind, for each of its heads: the kind of key/value head it reads and its index among the kind's.
+        position = {g: (kind, i) for kind, heads in self.kv_heads.items() for i, g in enumerate(heads)}
+        self.sources = {kind: [position[h // group_size] for h in heads] for kind, heads in self.heads.items()}
+        self.every_source = [position[h // group_size] for h in range(len(self.kinds))]  # the same, in head order
+        self.pure_groups = all(len(set(group)) == 1 for group in groups)  # no group read by heads of both kinds
+        # The permutation that puts outputs computed kind by kind back in head order.
+        computed = [h for heads in self.heads.values() for h in heads]
+        self.order = sorted(range(len(computed)), key=computed.__getitem__)
+        # What a local head sees: the `local_window` previous tokens, itself with `attend_to_self`, and the first
+        # `sink_tokens`.
+        self.visibility = Visibility(True, attend_to_self, local_window, sink_tokens)
+
+
+def layer_heads(config, layer_idx: int) -> LayerHeads:
+    """A layer's heads. Where the model's own architecture slides a window over the layer (Mistral, Gemma 3's
+    sliding layers), its mask hides the first tokens from every head: local heads get no sinks there."""
+    sinks = config.sink_tokens if model_window(config, layer_idx) is None else 0
+    return LayerHeads(config.head_layout[layer_idx], num_key_value_heads(config), config.local_window,
+                      config.attend_to_self, sinks)  # fmt: skip
+
+
+def num_key_value_heads(config) -> int:
+    """GPT-2 has one key/value head per query head and no field saying so."""
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+# --- the attention function ------------------------------------------------------------------------------------
+
+
+def hybrid_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+    """A hybridized layer's attention, as transformers' attention interface calls it: query (B, H, T, D); key and
+    value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}, newest last;
+    the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
+    Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None."""
+    heads: LayerHeads = module.hf_attn_heads
+    placed = key.pop(KEY_INDEX, None) if isinstance(key, dict) else None  # a static `HfAttnCache`'s keys
+    # Keys known to end at the newest token: a dynamic `HfAttnCache`'s, or any that come without a mask (causal order
+    # then says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that
+    # places them.
+    newest_last = placed is None and (isinstance(key, dict) or attention_mask is None)
+    keys, values = by_kv_kind(key, heads), by_kv_kind(value, heads)
+    if kwargs.get(RETURN_WEIGHTS):
+        if placed is None and isinstance(key, dict) and heads.sink_tokens:  # sinks kept apart from the window
+            prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
+            placed, attention_mask = first_and_last_index(keys, attention_mask, prefix, query.shape[-2])
+        if placed is not None:
+            keys, values, attention_mask = in_token_order(keys, values, attention_mask, placed, query.shape[-2])
+        return attention_with_weights(query, keys, values, attention_mask, heads, scaling, dropout)
+    if placed is not None:
+        return placed_attention(module, query, keys, values, attention_mask, placed, scaling, dropout)
+    if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
+        )
+    outputs = []
+    if "global" in heads.heads:
+        outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
+    if newest_last and heads.sink_tokens:
+        prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
+        outputs.append(local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix))
+    elif newest_last:
+        outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
+    else:
+        outputs.append(local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout))
+    out = torch.cat(outputs, dim=1)[:, heads.order]
+    return out.transpose(1, 2), None
+
+
+def global_heads(module, query, keys: dict, values: dict, attention_mask, scaling: float, dropout: float):
+    """(B, H_global, T, D): the global heads over every key. Where no key/value group mixes kinds, the global heads
+    are whole groups of the cache's global key/value heads, and transformers' SDPA function runs them as the model
+    would (grouped-query attention without copying keys); otherwise each head gets a copy of its keys and values."""
+    heads: LayerHeads = module.hf_attn_heads
+    query = query[:, heads.heads["global"]]
+    if heads.pure_groups:
+        out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
+        )
+        return out.transpose(1, 2)
+    k, v = per_head(keys, heads.sources["global"]), per_head(values, heads.sources["global"])
+    return global_attention(query, k, v, Visibility(True, True), attention_mask, scaling, dropout)
+
+
+def local_heads(query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float):
+    """(B, H_local, T, D): the local heads over the newest T + `local_window` keys at most, all a query can see."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    length = min(query.shape[-2] + heads.local_window, *(keys[kind].shape[-2] for kind, _ in sources))
+    k, v = per_head(keys, sources, length), per_head(values, sources, length)
+    return local_attention(query, k, v, heads.visibility, local_mask(attention_mask, heads, query, k), scaling, dropout)
+
+
+def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """Local heads' mask over the keys they read (the newest ones): None for the banded kernel when causal order says
+    it all and the queries are many; else a whole mask with their window in it, the model's mask too if it has one.
+    A decoding step's few queries run faster as one small SDPA than as a pass per key offset."""
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    if attention_mask is None and num_queries > MAX_QUERIES_FOR_SDPA:
+        return None
+    window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
+    return window if attention_mask is None else attention_mask[..., -num_keys:].bool() & window
+
+
+def local_heads_with_sinks(
+    query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float, prefix: int
+) -> torch.Tensor:
+    """(B, H_local, T, D): the local heads over the first `prefix` tokens (the sinks, after any left padding) and the
+    newest T + `local_window`, all a query can see: what an `HfAttnCache` keeps for them, taken alike from a key/value
+    head kept whole. A whole sequence without a mask goes to the chunked kernel, O(T * (k + s)); otherwise the window
+    and the sinks are counted along the mask (or causal order) over those keys."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    num_queries = query.shape[-2]
+    lengths = [keys[kind].shape[-2] for kind, _ in sources]
+    if attention_mask is None and max(lengths) == num_queries:
+        k, v = per_head(keys, sources), per_head(values, sources)
+        return local_attention(query, k, v, heads.visibility, None, scaling, dropout)
+    first = min(prefix, *lengths)
+    last = min(num_queries + heads.local_window, *(length - first for length in lengths))
+    kept_keys, kept_values = ({kind: first_and_last(x, first, last) for kind, x in states.items()}
+                              for states in (keys, values))  # fmt: skip
+    k, v = per_head(kept_keys, sources), per_head(kept_values, sources)
+    if attention_mask is None:  # causal order: the kept keys as if in a row, which keeps every distance that matters
+        visible = visibility_mask(heads.visibility, num_queries, None, first + last, query.device)
+    else:
+        visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+    return masked_sdpa(query, k, v, visible, scaling, dropout)
+
+
+def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> torch.Tensor:
+    """The `first` entries of `x` along `dim` and its `last` ones: one piece when they meet."""
+    if first + last >= x.shape[dim]:
+        return x
+    return torch.cat([x.narrow(dim, 0, first), x.narrow(dim, x.shape[dim] - last, last)], dim=dim)
+
+
+def local_heads_by_mask(
+    query, keys: dict, values: dict, attention_mask: torch.Tensor, heads: LayerHeads, scaling: float, dropout: float
+) -> torch.Tensor:
+    """(B, H_local, T, D): the local heads over keys in whatever order the mask describes, each query seeing the
+    `local_window` keys nearest before it among those the mask lets it see (and itself with `attend_to_self`)."""
+    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+    k, v = per_head(keys, sources), per_head(values, sources)
+    mask = local_visible(attention_mask, heads.visibility)
+    return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
+
+
+def placed_attention(
+    module, query, keys: dict, values: dict, attention_mask, placed: dict, scaling: float, dropout: float
+) -> tuple[torch.Tensor, None]:
+    """A layer's heads over a static `HfAttnCache`: each kind of key/value head under the columns of the mask
+    transformers built (over every slot up to `max_cache_len`) at its keys' indices (`placed_mask`), so global heads
+    see what the model's mask lets them see and local heads find their window and sinks along it."""
+    heads: LayerHeads = module.hf_attn_heads
+    num_queries = query.shape[-2]
+    masks = {kind: placed_mask(attention_mask, index, keys[kind].shape[-2], num_queries, query.device)
+             for kind, index in placed.items()}  # fmt: skip
+    outputs = []
+    if "global" in heads.heads:
+        outputs.append(global_heads(module, query, keys, values, masks["global"], scaling, dropout))
+    if "local" in heads.heads:
+        outputs.append(local_heads_placed(query, keys, values, masks, heads, scaling, dropout))
+    out = torch.cat(outputs, dim=1)[:, heads.order]
+    return out.transpose(1, 2), None
+
+
+def placed_mask(attention_mask, index: torch.Tensor | None, num_keys: int, num_queries: int,
+                device: torch.device) -> torch.Tensor:  # fmt: skip
+    """(B|1, 1, T, S) bool over a kind's keys: the mask's columns at their indices (`index`, the queries' being the
+    last T), causal order among them, no column for an empty slot; where `index` is None each slot is its index."""
+    if index is None:
+        if attention_mask is None:  # transformers leaves it out for a first step: the queries are the first slots
+            slots = torch.arange(num_keys, device=device)
+            return (slots[None, :] <= slots[:num_queries, None])[None, None]
+        return attention_mask.bool()
+    visible = (index[None, :] <= index[-num_queries:, None])[None, None]
+    if attention_mask is not None:
+        width = attention_mask.shape[-1]
+        visible = visible & attention_mask.bool()[..., index.clamp(max=width - 1)] & (index < width)
+    return visible
+
+
+def local_heads_placed(query, keys: dict, values: dict, masks: dict, heads: LayerHeads, scaling: float,
+                       dropout: float) -> torch.Tensor:  # fmt: skip
+    """(B, H_local, T, D): the local heads over a static cache, those reading each kind of key/value head under that
+    kind's mask, each query's window and sinks counted along it (`local_visible`)."""
+    local, sources = heads.heads["local"], heads.sources["local"]
+    outputs, order = [], []
+    for kind in dict.fromkeys(kind for kind, _ in sources):
+        which = [i for i, (source_kind, _) in enumerate(sources) if source_kind == kind]
+        reading = [sources[i] for i in which]
+        k, v = per_head(keys, reading), per_head(values, reading)
+        mask = local_visible(masks[kind], heads.visibility)
+        outputs.append(local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling,
+                                       dropout))  # fmt: skip
+        order += which
+    out = torch.cat(outputs, dim=1)
+    return out if order == sorted(order) else out[:, sorted(range(len(order)), key=order.__getitem__)]
+
+
+def first_and_last_index(keys: dict, attention_mask, prefix: int, num_queries: int) -> tuple[dict, torch.Tensor]:
+    """The index of each key a dynamic `HfAttnCache` returned, per kind: the first `prefix` tokens and the newest
+    ones (`local_heads_with_sinks`'s layout) over every key the mask spans (or, without one, the longest kind's), and
+    that mask, causal order written out where there was none."""
+    num_keys = attention_mask.shape[-1] if attention_mask is not None else max(x.shape[-2] for x in keys.values())
+    device = next(iter(keys.values())).device
+    if attention_mask is None:
+        attention_mask = visibility_mask(Visibility(True, True), num_queries, None, num_keys, device)
+    placed = {}
+    for kind, x in keys.items():
+        first = min(prefix, x.shape[-2])
+        last = x.shape[-2] - first
+        placed[kind] = torch.cat(
+            [torch.arange(first, device=device), torch.arange(num_keys - last, num_keys, device=device)]
+        )
+    return placed, attention_mask
+
+
+def in_token_order(keys: dict, values: dict, attention_mask, placed: dict, num_queries: int):
+    """Keys and values placed by index (a static cache's slots, sinks kept apart from their window) put in the
+    columns of their indices over every position the mask spans, and each kind's mask over them, for
+    `attention_with_weights`: columns a kind does not hold are zeros, hidden."""
+    slots = [keys[kind].shape[-2] for kind, index in placed.items() if index is None]
+    width = attention_mask.shape[-1] if attention_mask is not None else max(slots, default=num_queries)
+    device = next(iter(keys.values())).device
+    visible = placed_mask(attention_mask, None, width, num_queries, device)
+    masks = {}
+    for kind, index in placed.items():
+        if index is None:
+            masks[kind] = visible
+            continue
+        keys[kind], values[kind] = (
+            place_columns(x.transpose(-1, -2), index, width).transpose(-1, -2) for x in (keys[kind], values[kind])
+        )
+        masks[kind] = visible & (place_columns(torch.ones(len(index), device=device), index, width) > 0)
+    return keys, values, masks
+
+
+def attention_with_weights(
+    query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head written out, for `output_attentions`: (B, T, H, D) and the (B, H, T, S) weights over the keys the
+    mask spans, the newest last; a local head's key/value head keeps fewer of them, the older ones weigh 0. From a
+    static cache (`in_token_order`), the mask comes per kind of key/value head."""
+    num_queries = query.shape[-2]
+    num_keys = max(k.shape[-2] for k in keys.values())
+    if attention_mask is None:  # causal order: query i is key num_keys - num_queries + i
+        attention_mask = visibility_mask(Visibility(True, True), num_queries, None, num_keys, query.device)
+    if not isinstance(attention_mask, dict):
+        attention_mask = dict.fromkeys(keys, attention_mask.bool())
+    visible = torch.cat(torch.broadcast_tensors(*(attention_mask[kind] for kind, _ in heads.every_source)), dim=1)
+    k, v = (per_head(left_padded(states, num_keys), heads.every_source) for states in (keys, values))
+    is_local = torch.tensor([kind == "local" for kind in heads.kinds], device=query.device)[:, None, None]
+    mask = torch.where(is_local, local_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
+    weights = masked_weights(query, k, mask, scaling)
+    out = torch.matmul(torch.nn.functional.dropout(weights, dropout), v)
+    return out.transpose(1, 2), weights
+
+
+def left_padded(states: dict, num_keys: int) -> dict:
+    """Each kind's (B, H_kv, S_kind, D) states padded with zeros on the left to `num_keys`: its newest last."""
+    return {kind: torch.nn.functional.pad(x, (0, 0, num_keys - x.shape[-2], 0)) for kind, x in states.items()}
+
+
+def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
+    """Key or value states by kind of key/value head: as the cache returned them, or split from one tensor (no
+    cache, or another model's)."""
+    if isinstance(states, dict):
+        return states
+    if len(heads.kv_heads) == 1:
+        return {next(iter(heads.kv_heads)): states}
+    return {kind: states[:, indices] for kind, indices in heads.kv_heads.items()}
+
+
+def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = None) -> torch.Tensor:
+    """(B, len(sources), tokens, D): for each query head, the states of the key/value head it reads (`sources`:
+    kind and index among the kind's), the newest `length` tokens (all by default)."""
+    start = -length if length else 0
+    return torch.stack([states[kind][:, index, start:] for kind, index in sources], dim=1)
+
+
+AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(HYBRID_ATTENTION, sdpa_mask)  # boolean masks, None where causal order suffices
