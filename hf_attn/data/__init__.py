@@ -1,4 +1,7 @@
-"""Seeded data for the experiments: Paper A's tasks, Paper B's formal languages and WikiText-2."""
+"""Seeded data for the experiments: Paper A's tasks, Paper B's formal languages and WikiText-2.
+
+Their public names are declared here, once (`__all__`); `passkey`, the long-context benchmark's, is imported by path.
+"""
 
 from .algorithmic import ALGORITHMIC_TASKS, algorithmic_dataset, algorithmic_targets, sample_subranges, sample_values
 from .formal_languages import (

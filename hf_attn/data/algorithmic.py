@@ -119,12 +119,3 @@ def algorithmic_dataset(
         values = np.concatenate([values, np.zeros((num_samples, 1), np.float32)], axis=1)
         labels = np.concatenate([labels, np.full((num_samples, 1), np.nan, np.float32)], axis=1)
     return datasets.Dataset.from_dict({"numeric_values": values, "labels": labels}).with_format("torch")
-
-
-__all__ = [
-    "ALGORITHMIC_TASKS",
-    "algorithmic_dataset",
-    "algorithmic_targets",
-    "sample_subranges",
-    "sample_values",
-]

@@ -324,14 +324,8 @@ def _sample_ids(
     return ids[order], lengths[order], labels[order]
 
 
-def sample_strings(
-    language: str,
-    num_samples: int,
-    min_length: int = 1,
-    max_length: int = 40,
-    seed: int = 0,
-    contains_positives: str = "written_in",
-) -> tuple[list[str], np.ndarray]:
+def sample_strings(language: str, num_samples: int, min_length: int = 1, max_length: int = 40, seed: int = 0,
+                   contains_positives: str = "written_in") -> tuple[list[str], np.ndarray]:  # fmt: skip
     """`num_samples` strings of `language` and their 0/1 labels: half members, half adversarial near misses.
 
     Lengths are uniform over the lengths in [min_length, max_length] where the language has members (even ones only
@@ -343,14 +337,8 @@ def sample_strings(
     return [row[:length].tobytes().decode() for row, length in zip(chars, lengths.tolist(), strict=True)], labels
 
 
-def formal_language_dataset(
-    language: str,
-    num_samples: int,
-    min_length: int = 1,
-    max_length: int = 40,
-    seed: int = 0,
-    contains_positives: str = "written_in",
-) -> datasets.Dataset:
+def formal_language_dataset(language: str, num_samples: int, min_length: int = 1, max_length: int = 40,
+                            seed: int = 0, contains_positives: str = "written_in") -> datasets.Dataset:  # fmt: skip
     """A torch-formatted dataset of `input_ids` (`<bos>` symbols `<eos>`, right-padded), `attention_mask`, `labels`
     and `length`, for a token-classification head.
 
@@ -377,14 +365,3 @@ def formal_language_dataset(
         "length": lengths,
     }
     return datasets.Dataset.from_dict(columns).with_format("torch")
-
-
-__all__ = [
-    "ALPHABETS",
-    "CONTAINS_POSITIVES",
-    "LANGUAGES",
-    "FormalLanguageVocab",
-    "formal_language_dataset",
-    "recognizer",
-    "sample_strings",
-]

@@ -135,6 +135,3 @@ def khop_dataset(
     input_ids = np.concatenate([vocab.hop_ids[sample_hops][:, None], sequence], axis=1)
     labels = np.concatenate([np.full((num_samples, 1), IGNORE_INDEX), targets], axis=1)
     return datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels}).with_format("torch")
-
-
-__all__ = ["InductionVocab", "khop_dataset", "khop_targets"]

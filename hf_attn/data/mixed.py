@@ -248,16 +248,3 @@ def mixed_dataset(
             "answer": [sample.answer for sample in samples],
         }
     )
-
-
-__all__ = [
-    "MIXED_TASKS",
-    "CharVocab",
-    "MixedSample",
-    "mixed_dataset",
-    "parse_answer",
-    "render_for_positional",
-    "render_text",
-    "render_text_with_answer",
-    "sample_mixed",
-]

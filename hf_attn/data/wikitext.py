@@ -97,13 +97,3 @@ def language_modelling_blocks(token_ids: np.ndarray, block_size: int) -> dataset
         raise ValueError(f"The text has {len(token_ids)} tokens, fewer than one block of `block_size`={block_size}.")
     blocks = token_ids[: num_blocks * block_size].reshape(num_blocks, block_size)
     return datasets.Dataset.from_dict({"input_ids": blocks, "labels": blocks}).with_format("torch")
-
-
-__all__ = [
-    "WIKITEXT_FILES",
-    "WikiTextSplits",
-    "load_wikitext",
-    "read_text_file",
-    "tokenize_text",
-    "language_modelling_blocks",
-]

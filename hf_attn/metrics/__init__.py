@@ -4,9 +4,10 @@ Each metric is a folder holding a script of the same name, the layout `evaluate.
 - `ood_regression` (Paper A): MSE, MAPE and accuracy within a tolerance, positions without a label left out;
 - `recognition` (Paper B): accuracy per string length and the longest length recognised perfectly;
 - `perplexity` (Paper B): exp(mean NLL) of the tokens a language model scored.
-Each metric's script holds its formulas (the experiments in training/ compute through it too) and imports only numpy,
-datasets and evaluate, so it also works copied on its own, e.g. to a Hub Space. `import hf_attn` does not import
-`evaluate` (it pulls in datasets and pyarrow); `load_metric` does, on first use.
+Each metric's script holds its formulas (the experiments in training/ compute through it too); what their infos
+share, the paper cited as the model cards cite it, is `info.paper_metric_info`, so a script loads where hf_attn is
+installed. `import hf_attn` does not import `evaluate` (it pulls in datasets and pyarrow); `load_metric` does, on first
+use.
 """
 
 from pathlib import Path

@@ -2,20 +2,10 @@
 
 import math
 
-import datasets
 import evaluate
 import numpy as np
 
-_CITATION = """\
-@inproceedings{deluca2025positional,
-  title     = {Positional Attention: Expressivity and Learnability of Algorithmic Computation},
-  author    = {Back de Luca, Artur and Giapitzakis, George and Yang, Shenghao and Veli{\\v{c}}kovi{\\'c}, Petar and \
-Fountoulakis, Kimon},
-  booktitle = {International Conference on Machine Learning (ICML)},
-  year      = {2025},
-  note      = {arXiv:2410.01686},
-}
-"""
+from hf_attn.metrics.info import paper_metric_info
 
 _DESCRIPTION = """\
 Errors of real-valued predictions, as Paper A (Back de Luca et al., ICML 2025) measures models trained on numbers
@@ -50,15 +40,9 @@ MAPE_FLOOR = 1e-8  # a label of 0 would divide by zero: its error counts relativ
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class OodRegression(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            # float64 both: the default numpy format would hand `_compute` float32 arrays, so none is set
-            features=datasets.Features(
-                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
-            ),
-            reference_urls=["https://arxiv.org/abs/2410.01686"],
+        # float64 both: the default numpy format would hand `_compute` float32 arrays, so none is set
+        return paper_metric_info(
+            "A", _DESCRIPTION, _KWARGS_DESCRIPTION, {"predictions": "float64", "references": "float64"}
         )
 
     def _compute(self, predictions, references, tolerance: float | None = None) -> dict[str, float]:

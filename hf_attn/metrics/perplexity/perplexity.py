@@ -2,19 +2,10 @@
 
 import math
 
-import datasets
 import evaluate
 import numpy as np
 
-_CITATION = """\
-@inproceedings{li2026local,
-  title     = {Characterizing the Expressivity of Local Attention in Transformers},
-  author    = {Li, Jiaoda and Cotterell, Ryan},
-  booktitle = {Annual Meeting of the Association for Computational Linguistics (ACL)},
-  year      = {2026},
-  note      = {arXiv:2605.00768},
-}
-"""
+from hf_attn.metrics.info import paper_metric_info
 
 _DESCRIPTION = """\
 The perplexity of a language model over the tokens it scored, exp of their mean negative log-likelihood, as Paper B
@@ -45,13 +36,7 @@ Examples:
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Perplexity(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("float64")}),
-            reference_urls=["https://arxiv.org/abs/2605.00768"],
-        )
+        return paper_metric_info("B", _DESCRIPTION, _KWARGS_DESCRIPTION, {"predictions": "float64"})
 
     def _compute(self, predictions) -> dict[str, float]:
         mean_nll = float(np.mean(np.asarray(predictions, dtype=np.float64))) if len(predictions) else math.nan

@@ -3,19 +3,10 @@
 import math
 import statistics
 
-import datasets
 import evaluate
 import numpy as np
 
-_CITATION = """\
-@inproceedings{li2026local,
-  title     = {Characterizing the Expressivity of Local Attention in Transformers},
-  author    = {Li, Jiaoda and Cotterell, Ryan},
-  booktitle = {Annual Meeting of the Association for Computational Linguistics (ACL)},
-  year      = {2026},
-  note      = {arXiv:2605.00768},
-}
-"""
+from hf_attn.metrics.info import paper_metric_info
 
 _DESCRIPTION = """\
 How well a recognizer decides membership in a formal language, length by length, as Paper B (Li & Cotterell, ACL
@@ -58,19 +49,8 @@ def longest_perfect_length(accuracy_by_length: dict[int, float]) -> int:
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Recognition(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Value("int64"),
-                    "references": datasets.Value("int64"),
-                    "lengths": datasets.Value("int64"),
-                }
-            ),
-            reference_urls=["https://arxiv.org/abs/2605.00768"],
-        )
+        inputs = {"predictions": "int64", "references": "int64", "lengths": "int64"}
+        return paper_metric_info("B", _DESCRIPTION, _KWARGS_DESCRIPTION, inputs)
 
     def _compute(self, predictions, references, lengths) -> dict:
         right = np.asarray(predictions) == np.asarray(references)
