@@ -25,7 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.common import attempt, describe_machine, masked_local_attention, median, print_header, print_row, timed
+from benchmarks.common import (
+    attempt,
+    command_line_parser,
+    describe_machine,
+    masked_local_attention,
+    median,
+    print_header,
+    print_row,
+    timed,
+)
 from hf_attn.attention_hf_attn import Visibility, local_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -258,10 +267,7 @@ def print_table(args) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.attention_layer", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = command_line_parser("benchmarks.attention_layer", __doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T")
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 64], help="local windows k")
     parser.add_argument("--kernels", nargs="+", default=["masked", "banded"], choices=KERNELS, metavar="KERNEL",

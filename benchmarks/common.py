@@ -5,6 +5,7 @@ only difference is the attention. Dropout is off for all of them: with dropout, 
 kernel for the T x T math path, which would flatter us against GPT-2.
 """
 
+import argparse
 import os
 import platform
 import statistics
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -198,3 +200,21 @@ def peak_rss_bytes() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def command_line_parser(module: str, description: str | None) -> argparse.ArgumentParser:
+    """The parser of `python -m MODULE`: its usage names that command, its help keeps the docstring's layout."""
+    return argparse.ArgumentParser(
+        prog=f"python -m {module}", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def write_report_and_plot(
+    result: dict, folder: Path, report: Callable[[dict], str], plot: Callable[[dict, Path], None], plot_name: str
+) -> str:
+    """FOLDER/results.md, `report(result)`, and FOLDER/PLOT_NAME, `plot(result, path)`: what a benchmark writes
+    beside its results.json, and what `training.reports` rewrites from it. Returns the report's text."""
+    text = report(result)
+    (folder / "results.md").write_text(text)
+    plot(result, folder / plot_name)
+    return text

@@ -34,7 +34,16 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import GPT2LMHeadModel, PreTrainedModel, StaticCache
 
-from benchmarks.common import Shape, build_model, describe_machine, median, print_header, print_row, timed
+from benchmarks.common import (
+    Shape,
+    build_model,
+    command_line_parser,
+    describe_machine,
+    median,
+    print_header,
+    print_row,
+    timed,
+)
 from hf_attn import HfAttnCache
 
 GENERATION_MODELS = ["local-1", "local-4", "hybrid-1", "positional", "gpt2"]
@@ -215,10 +224,7 @@ def mib(num_bytes: int) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.generation", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = command_line_parser("benchmarks.generation", __doc__)
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192], help="prompt lengths")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per context (the first is warm-up)")
     parser.add_argument(

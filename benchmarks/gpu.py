@@ -29,7 +29,7 @@ from types import ModuleType
 import torch
 
 from benchmarks import attention_layer, generation, positional_routes, throughput
-from benchmarks.common import describe_machine
+from benchmarks.common import command_line_parser, describe_machine
 
 
 @dataclass(frozen=True)
@@ -175,9 +175,7 @@ def default_output() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_line_parser("benchmarks.gpu", __doc__)
     parser.add_argument("--output", default=default_output(),
                         help="Markdown file the results are appended to (default: in $OUT if set, else in "
                              "outputs/benchmarks/)")  # fmt: skip

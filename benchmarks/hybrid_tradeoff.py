@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from benchmarks.common import describe_machine, median
+from benchmarks.common import describe_machine, median, write_report_and_plot
 from benchmarks.generation import cache_of
 from hf_attn import hybridize
 from hf_attn.data.wikitext import language_modelling_blocks, load_wikitext, tokenize_text
@@ -250,10 +250,7 @@ def plot(result: dict, path: Path) -> None:
 
 def write_reports(result: dict, folder: Path) -> str:
     """FOLDER/results.md and FOLDER/tradeoff.png from `result`; returns the report's text."""
-    text = report(result)
-    (folder / "results.md").write_text(text)
-    plot(result, folder / "tradeoff.png")
-    return text
+    return write_report_and_plot(result, folder, report, plot, "tradeoff.png")
 
 
 def main(argv: list[str] | None = None) -> None:

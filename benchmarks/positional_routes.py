@@ -27,6 +27,7 @@ from benchmarks.common import (
     Shape,
     Trainee,
     build_model,
+    command_line_parser,
     describe_machine,
     median_step_seconds,
     print_header,
@@ -78,10 +79,7 @@ def print_case(case: str, batch: int, length: int, seconds: dict[str, float], ch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.positional_routes", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = command_line_parser("benchmarks.positional_routes", __doc__)
     parser.add_argument("--paper-a-batches", type=int, nargs="*", default=[250, 1000])
     parser.add_argument("--lengths", type=int, nargs="*", default=[256, 512, 1024, 4096],
                         help="T of the language-model cases (batch = --tokens-per-step / T)")  # fmt: skip

@@ -36,6 +36,7 @@ from benchmarks.common import (
     Trainee,
     attempt,
     build_model,
+    command_line_parser,
     describe_machine,
     masked_local_attention,
     median_step_seconds,
@@ -145,10 +146,7 @@ def print_layer_memory(args, shape: Shape) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.throughput", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = command_line_parser("benchmarks.throughput", __doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T")
     parser.add_argument("--models", nargs="+", default=EAGER_MODELS, choices=list(MODELS), metavar="MODEL",
                         help=f"models to compare, from {list(MODELS)}; gpt2 is always included")  # fmt: skip

@@ -4,6 +4,7 @@ prompt lengths, the needle where asked, the scorer, a tiny Llama end to end, res
 import copy
 import functools
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -214,7 +215,7 @@ def synthetic_result() -> dict:
     def row(window, fraction, score, seed, passkey, perplexity):
         config = long_context.Config(window, 0, fraction, score, seed)
         return {
-            "config": long_context.asdict(config),
+            "config": asdict(config),
             "kv_ratio": 1 - fraction,
             "local_heads": 0,
             "passkey": {"1024": passkey, "4096": passkey / 2},
