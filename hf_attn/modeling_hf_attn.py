@@ -1,8 +1,9 @@
 """GPT-2-style models whose heads are global, local or positional: trunk, task heads and the three model types.
 
 GPT-2's skeleton and parameter names (`wte`, `wpe`, `h`, `ln_f`), so a GPT-2 state dict loads into a global-only
-layout. What differs lives in `layers_hf_attn.py` (attention by head kind, block styles) and here: the residual
-position encoding, numeric inputs, positions counted over real tokens, and the cache.
+layout. Here: the residual position encoding, numeric inputs and the steps of a forward pass. Each step lives where
+its name says: `input_checks_hf_attn.py` (what is refused), `positions_hf_attn.py` (positions counted over real
+tokens, packed documents), `cache_hf_attn.py` (the cache), `layers_hf_attn.py` (attention by head kind, blocks).
 """
 
 import os

@@ -9,6 +9,8 @@ import shutil
 import pytest
 from test_long_context import synthetic_result
 
+import training.benchmark_tables as benchmark_tables
+import training.paper_a_tables as paper_a_tables
 import training.reports as reports
 
 
@@ -104,8 +106,8 @@ def test_committed_long_context_reports_are_their_results():
 
 def test_long_context_block_shows_each_published_run(tmp_path, monkeypatch):
     """Each run's notes, a table per window and its plot, from its results.json alone."""
-    monkeypatch.setattr(reports, "ROOT", tmp_path)
-    monkeypatch.setattr(reports, "DOCS", tmp_path / "docs" / "results")
+    monkeypatch.setattr(benchmark_tables, "ROOT", tmp_path)
+    monkeypatch.setattr(benchmark_tables, "DOCS", tmp_path / "docs" / "results")
     assert reports.long_context_tables().startswith("No run published yet.")
     folder = tmp_path / "docs" / "results" / reports.LONG_CONTEXT / "demo"
     folder.mkdir(parents=True)
@@ -120,7 +122,7 @@ def test_long_context_block_shows_each_published_run(tmp_path, monkeypatch):
 def test_the_gap_by_epoch_table_is_the_medians_over_seeds(tmp_path, monkeypatch):
     """Each cell the median over seeds of the run's MSE at c = 10 after that epoch, a collapsed run left out; the
     ratio of the models' medians; Paper A's own medians in the last column."""
-    monkeypatch.setattr(reports, "DOCS", tmp_path)
+    monkeypatch.setattr(paper_a_tables, "DOCS", tmp_path)
     mse = {"positional": [[8.0, 2.0], [6.0, 1.0], [7.0, 4.0]], "standard": [[30.0, 40.0], [20.0, 50.0], [1.0, 1.0]]}
     for task in reports.TASK_NAMES:
         for model, by_seed in mse.items():

@@ -28,7 +28,7 @@ from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
 from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
 from hf_attn.experiments.reports import plot_metric
 from hf_attn.hub import CardFacts
-from training import CONFIGS
+from training import register_family
 from training.models import PAPER_A_MODELS, paper_a_config
 
 
@@ -236,17 +236,15 @@ def write_gap_by_epoch(task_dir: Path, results: list[dict]) -> str:
     if {"positional", "standard"} <= summary.keys():
         ratios = [f"epoch {epoch}: {ratio:.1f}x" for epoch, ratio in gap_by_epoch(summary).items()]
         lines += ["", "Standard / positional median MSE: " + ", ".join(ratios) + "."]
-    text = "\n".join(lines) + "\n"
-    (task_dir / "by_epoch.md").write_text(text)
+    text = experiments.write_markdown(task_dir / "by_epoch.md", lines, separator="\n")
     plot_metric(summary, task_dir / "mse_by_epoch.png", f"{task_dir.name}: MSE at c = {scale}",
                             f"MSE at c = {scale}", log_scale=True, xlabel="epoch")  # fmt: skip
     return text
 
 
-FAMILY = experiments.register(experiments.Family(
-    name="algorithmic", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
-    train=train_and_evaluate, card=card, write_reports=write_reports, configs=CONFIGS / "algorithmic",
-))  # fmt: skip
+FAMILY = register_family(
+    "algorithmic", ExperimentArguments, ModelArguments, plan, problems, train_and_evaluate, card, write_reports
+)
 
 if __name__ == "__main__":
     FAMILY.cli()

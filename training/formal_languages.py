@@ -51,9 +51,9 @@ from hf_attn.data.formal_languages import (
     formal_language_dataset,
     sample_strings,
 )
-from hf_attn.experiments import grid_table, labelled_argmax, list_field, plot_heatmap
+from hf_attn.experiments import grid_table, labelled_argmax, list_field, plot_heatmap, write_markdown
 from hf_attn.hub import CardFacts
-from training import CONFIGS
+from training import register_family
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("none", "sinusoidal", "rope")
@@ -388,22 +388,18 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
                 at_rate = cell_summaries(results, learning_rate=lr)
                 cells, _ = _grids(at_rate, variants, encodings, lambda v, p, lang=language: (lang, p, v))
                 sections += [f"## learning rate {lr:g}", grid_table(cells, "variant")]
-        (output_dir / language / "results.md").write_text("\n\n".join(sections) + "\n")
+        write_markdown(output_dir / language / "results.md", sections)
         plot_heatmap(accuracy, output_dir / language / "accuracy.png", f"{language}: mean test accuracy")
     for positions in encodings:
         overall += [f"## position encoding `{positions}`", encoding_tables(summaries, variants, languages, positions)]
         _, accuracy = _grids(summaries, variants, languages, lambda v, lang, p=positions: (lang, p, v))
         plot_heatmap(accuracy, output_dir / f"accuracy_{positions}.png", f"mean test accuracy, positions {positions}")
-    report = "\n\n".join(overall) + "\n"
-    (output_dir / "results.md").write_text(report)
-    return report
+    return write_markdown(output_dir / "results.md", overall)
 
 
-FAMILY = experiments.register(experiments.Family(
-    name="formal_languages", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan,
-    problems=problems, train=train_and_evaluate, card=card, write_reports=write_reports,
-    configs=CONFIGS / "formal_languages",
-))  # fmt: skip
+FAMILY = register_family(
+    "formal_languages", ExperimentArguments, ModelArguments, plan, problems, train_and_evaluate, card, write_reports
+)
 
 if __name__ == "__main__":
     FAMILY.cli()

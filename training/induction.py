@@ -28,7 +28,7 @@ from hf_attn.data import InductionVocab, khop_dataset
 from hf_attn.experiments import argmax_accuracy, collapse_check, input_blind_error_rate, list_field, write_report
 from hf_attn.experiments.reports import plot_metric
 from hf_attn.hub import CardFacts
-from training import CONFIGS
+from training import register_family
 from training.models import PAPER_A_MODELS, paper_a_config
 
 METRICS = (  # (key, title, log scale); per-k accuracy in distribution is added by `report_metrics`
@@ -239,15 +239,12 @@ def write_accuracy_by_step(output_dir: Path, results: list[dict]) -> str:
         plot_metric(summary, output_dir / f"depth-{depth}" / "accuracy_by_step.png",
                     f"depth {depth}: in-distribution accuracy", "in-distribution token accuracy", log_scale=False,
                     xlabel="optimizer step")  # fmt: skip
-    text = "\n\n".join(sections) + "\n"
-    (output_dir / "accuracy_by_step.md").write_text(text)
-    return text
+    return experiments.write_markdown(output_dir / "accuracy_by_step.md", sections)
 
 
-FAMILY = experiments.register(experiments.Family(
-    name="induction", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
-    train=train_and_evaluate, card=card, write_reports=write_reports, configs=CONFIGS / "induction",
-))  # fmt: skip
+FAMILY = register_family(
+    "induction", ExperimentArguments, ModelArguments, plan, problems, train_and_evaluate, card, write_reports
+)
 
 if __name__ == "__main__":
     FAMILY.cli()

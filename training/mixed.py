@@ -41,7 +41,7 @@ from hf_attn.data import MIXED_TASKS, CharVocab, mixed_dataset, parse_answer
 from hf_attn.data.mixed import NAME_SETS
 from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
 from hf_attn.hub import CardFacts
-from training import CONFIGS
+from training import register_family
 from training.models import PAPER_A_MODELS, paper_a_config
 
 MODEL_KINDS = (*PAPER_A_MODELS, "gpt2")
@@ -316,10 +316,9 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     )
 
 
-FAMILY = experiments.register(experiments.Family(
-    name="mixed", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
-    train=train_and_evaluate, card=card, write_reports=write_reports, configs=CONFIGS / "mixed",
-))  # fmt: skip
+FAMILY = register_family(
+    "mixed", ExperimentArguments, ModelArguments, plan, problems, train_and_evaluate, card, write_reports
+)
 
 if __name__ == "__main__":
     FAMILY.cli()

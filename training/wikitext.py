@@ -40,10 +40,11 @@ from hf_attn.experiments import (
     plot_loss_curves,
     summarize,
     unigram_nll,
+    write_markdown,
 )
 from hf_attn.hub import CardFacts
 from hf_attn.hybrid import HYBRID_TYPES, last_heads_local
-from training import CONFIGS
+from training import register_family
 from training.models import PAPER_B_VARIANTS, VARIANTS_HELP, PaperBModelArguments, parse_variant
 
 POSITION_EMBEDDINGS = ("learned", "rope", "sinusoidal")
@@ -328,7 +329,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     encodings = encodings_in(results, experiment)
     first = results[0]
     unigram = first["unigram"]
-    report = "\n\n".join([
+    report = write_markdown(output_dir / "results.md", [
         f"# WikiText-2 perplexity ({len(results)} runs)",
         f"{first['protocol']}. Context {first['context_length']} tokens, evaluation stride {first['eval_stride']}. "
         f"A model that ignores the context (unigram frequencies of the training tokens) has test perplexity "
@@ -337,8 +338,7 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
         perplexity_section(results, experiment),
         "## every run",
         runs_table(results),
-    ]) + "\n"  # fmt: skip
-    (output_dir / "results.md").write_text(report)
+    ])  # fmt: skip
     grouped = kept_perplexities(results)
     bars = {p: {v: summarize(grouped[v, p][0]) for v in experiment.variants if grouped.get((v, p), ([], 0))[0]}
             for p in encodings}  # fmt: skip
@@ -351,11 +351,9 @@ def write_reports(output_dir: Path, results: list[dict], experiment: ExperimentA
     return report
 
 
-FAMILY = experiments.register(experiments.Family(
-    name="wikitext", arguments=ExperimentArguments, model_arguments=ModelArguments, plan=plan, problems=problems,
-    train=train_and_evaluate, card=card, write_reports=write_reports, prepare=load_data,
-    configs=CONFIGS / "wikitext",
-))  # fmt: skip
+FAMILY = register_family(
+    "wikitext", ExperimentArguments, ModelArguments, plan, problems, train_and_evaluate, card, write_reports, load_data
+)
 
 if __name__ == "__main__":
     FAMILY.cli()

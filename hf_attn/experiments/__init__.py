@@ -3,7 +3,8 @@
 - `family`: the `Family` a script declares once (arguments, runs, training, card facts, reports) and the command
   that runs it;
 - `arguments`: CONFIG.yaml and flags parsed the HF way, every problem refused before anything is built;
-- `runs`: one run's lifecycle (folder, settings, resume, results, model folder, push);
+- `runs`: an experiment's runs; one run's lifecycle in `run` (folder, resume), `settings`, `callbacks` and
+  `finishing` (results, model folder, push);
 - `processes`: which process writes, and one script per output folder;
 - `trainers`: in-memory datasets, Paper A's plateau Trainer and test measurements along training;
 - `metrics`: token accuracy, perplexity's sliding-window scoring and the input-blind baselines behind collapse
@@ -46,6 +47,7 @@ from .reports import (
     plot_loss_curves,
     summarize,
     summarize_along_training,
+    write_markdown,
     write_report,
     write_task_reports,
 )
@@ -95,6 +97,7 @@ __all__ = [
     "plot_loss_curves",
     "summarize",
     "summarize_along_training",
+    "write_markdown",
     "write_report",
     "write_task_reports",
 ]

@@ -145,9 +145,15 @@ def write_report(
         table = markdown_table(summary, scale_name, ("mean",) if one_seed else ("mean", "median"))
         sections.append(f"## {title} ({over})\n\n{table}")
         plot_metric(summary, folder / f"{metric}.png", f"{name}: {title}", title, log_scale, xlabel, one_seed)
-    report = "\n\n".join(sections) + "\n"
-    (folder / REPORT_FILE).write_text(report)
-    return report
+    return write_markdown(folder / REPORT_FILE, sections)
+
+
+def write_markdown(path: Path, sections: Sequence[str], separator: str = "\n\n") -> str:
+    """The Markdown file `path`: `sections` (headings, paragraphs, tables) joined, ending in a newline; returns its
+    text, which the scripts also print."""
+    text = separator.join(sections) + "\n"
+    path.write_text(text)
+    return text
 
 
 def write_task_reports(output_dir: Path, results: list[dict], heading: Callable[[str], str], metrics) -> str:
