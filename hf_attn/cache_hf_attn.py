@@ -338,9 +338,7 @@ def past_and_mask(cache: HfAttnCache | None, attention_mask, length: int) -> tup
     elif past_length == 0 and cache is not None:
         cache.make_room_for_padding(attention_mask)
     static = cache is not None and cache.is_compileable
-    if static and attention_mask is not None and attention_mask.dim() == 2:
-        width = cache.get_max_length() - attention_mask.shape[-1]
-        attention_mask = torch.nn.functional.pad(attention_mask, (0, width))
+    attention_mask = widened_to_slots(attention_mask, cache)
     checked = attention_mask is not None and not (static or tracing())
     if checked and attention_mask.shape[-1] != past_length + length:
         raise ValueError(
@@ -348,6 +346,14 @@ def past_and_mask(cache: HfAttnCache | None, attention_mask, length: int) -> tup
             f"got {attention_mask.shape[-1]} columns."
         )
     return past_length, attention_mask
+
+
+def widened_to_slots(attention_mask, cache: Cache | None):
+    """A 2D mask widened with zeros to a static cache's every slot, as `generate` passes it (one shape at every
+    step, so that compiled decoding compiles once); any other mask, or cache, leaves it as it is."""
+    if attention_mask is None or attention_mask.dim() != 2 or cache is None or not cache.is_compileable:
+        return attention_mask
+    return torch.nn.functional.pad(attention_mask, (0, cache.get_max_length() - attention_mask.shape[-1]))
 
 
 __all__ = [

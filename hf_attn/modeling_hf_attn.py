@@ -20,7 +20,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import can_return_tuple
 
-from .cache_hf_attn import GenerateWithHfAttnCache, cache_to_use, past_and_mask
+from .cache_hf_attn import GenerateWithHfAttnCache, cache_to_use, past_and_mask, widened_to_slots
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
 from .head_kinds_hf_attn import HEAD_KINDS, unsupported_attention
 from .initialization_hf_attn import init_gpt2_projection, init_paper_a
@@ -288,9 +288,7 @@ class HfAttnLMHeadModel(GenerateWithHfAttnCache, HfAttnPreTrainedModel, Generati
         """With a static cache `generate` asks for 4D masks; hf_attn builds each kind's own from the 2D one (and
         counts positions over it), so it keeps it, widened with zeros to the cache's slots: one shape at every step,
         so that compiled decoding compiles once."""
-        if attention_mask is None or attention_mask.dim() != 2 or cache is None or not cache.is_compileable:
-            return attention_mask
-        return nn.functional.pad(attention_mask, (0, cache.get_max_length() - attention_mask.shape[-1]))
+        return widened_to_slots(attention_mask, cache)
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, inputs_embeds=None, **kwargs):
         """A bidirectional model (`is_causal=False`) runs the whole sequence at every step: each new token changes
