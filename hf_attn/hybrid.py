@@ -1,21 +1,23 @@
-"""Per-head global and k-local attention in other transformers decoders: Llama, Qwen2, Qwen3, Mistral, Gemma 3 and
-GPT-2.
+"""Per-head global, k-local and positional attention in other transformers decoders: Llama, Qwen2, Qwen3, Mistral,
+Gemma 3 and GPT-2.
 
 `hybridize(model, ...)` gives a loaded model per-head kinds with nothing else of its architecture changed: its
 config becomes a registered `hf_attn_<family>` type (the family's config plus `head_layout`, `local_window`,
-`attend_to_self`), and its attention modules run `hybrid_attention`, registered in transformers'
-`AttentionInterface`, which splits each layer's query heads by kind:
+`attend_to_self`, `sink_tokens` and P's fields), and its attention modules run `hybrid_attention`, registered in
+transformers' `AttentionInterface`, which splits each layer's query heads by kind:
 
 - global heads attend as the model always did (SDPA over the mask transformers built);
 - local heads see only the `local_window` previous tokens (and themselves, with `attend_to_self`), and the first
-  `sink_tokens` tokens of the sequence (attention sinks).
+  `sink_tokens` tokens of the sequence (attention sinks);
+- positional heads (Paper A) weigh every earlier token and themselves by a fixed positional encoding P alone,
+  through projections of their own (`p_attn`, new parameters: `hybrid_positional.py`), their values the data's.
 
 With grouped-query attention several query heads read one key/value head. `HfAttnCache` keeps every token of a
-key/value head that some global query head reads, and only the sinks and the last `local_window` tokens of one that
-only local heads read: the layout's `kv_head_layout`; static and compileable with `max_cache_len` (what
-`cache_implementation="static"` makes). Any other cache works too (transformers' `StaticCache`, or one a user
-passes): it keeps what it would for the unmodified model, and local heads find their window in the mask transformers
-builds for it.
+key/value head that some global query head reads, only the sinks and the last `local_window` tokens of one that
+only local heads read, and only the values of one that only positional heads read: the layout's `kv_head_layout`;
+static and compileable with `max_cache_len` (what `cache_implementation="static"` makes). Any other cache works too
+(transformers' `StaticCache`, or one a user passes): it keeps what it would for the unmodified model, and local heads
+find their window in the mask transformers builds for it.
 
 A model saved after `hybridize` loads with its Auto class once hf_attn is imported, and with
 `trust_remote_code=True` where hf_attn is not installed: `save_pretrained` copies this file and the flat siblings it
@@ -27,6 +29,7 @@ saves and trains as any float model.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 
 import transformers
@@ -48,9 +51,22 @@ from .hybrid_attention import (
     RETURN_WEIGHTS,
     SINK_PREFIX,
     LayerHeads,
+    head_dim,
     hybrid_attention,
     layer_heads,
     num_key_value_heads,
+)
+from .hybrid_positional import (
+    NUMERIC_VALUES,
+    POSITIONAL_FIELDS,
+    attach_numeric_embedding,
+    attach_positional_projection,
+    fill_positional_fields,
+    numbers_embedded,
+    per_position_mse,
+    positional_problems,
+    uses_positional_heads,
+    with_positional_rows,
 )
 from .sharing_hf_attn import CardSharing
 
@@ -94,31 +110,31 @@ class HybridConfigMixin:
         if self.head_layout is None:
             self.head_layout = [["global"] * self.num_attention_heads for _ in range(self.num_hidden_layers)]
         self.head_layout = [list(layer) for layer in self.head_layout]
-        if problems := layout_problems(self):
+        fill_positional_fields(self)
+        if problems := layout_problems(self) + positional_problems(self):
             raise ValueError(f"Invalid {type(self).__name__}: " + "; ".join(problems))
         self.auto_map = remote_code_map(self.model_type.removeprefix("hf_attn_"))
 
     @property
     def kv_head_layout(self) -> list[list[str]]:
-        """Per layer, the kind of each key/value head: "global" where a global query head reads it (the cache keeps
-        every token), else "local" (it keeps the last `local_window`)."""
+        """Per layer, the kind of each key/value head: that of the query heads reading it where they are of one kind
+        ("local": the cache keeps the last `local_window` tokens; "positional": every value, no key), else "global"
+        (every key and value)."""
         return [list(layer_heads(self, i).kv_kinds) for i in range(self.num_hidden_layers)]
 
 
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def cache_bytes_per_token(config, bytes_per_value: int = 2, context_tokens: int | None = None) -> float:
-    """What the cache grows by per token at long context: keys and values of the key/value heads kept whole, in every
-    layer (local ones keep `local_window` + `sink_tokens` tokens whatever the context). With `context_tokens`, what it
-    holds at that context per token, local heads' windows and sinks counted. 2 bytes a value: bfloat16 and float16."""
+    """What the cache grows by per token at long context: keys and values of the key/value heads kept whole, values
+    of those only positional heads read, in every layer (local ones keep `local_window` + `sink_tokens` tokens
+    whatever the context). With `context_tokens`, what it holds at that context per token, local heads' windows and
+    sinks counted. 2 bytes a value: bfloat16 and float16."""
     kinds = [kind for layer in config.kv_head_layout for kind in layer]
     per_head_and_token = 2 * head_dim(config) * bytes_per_value  # a key and a value
+    whole = kinds.count("global") + kinds.count("positional") / 2  # positional: the value alone
     if context_tokens is None:
-        return kinds.count("global") * per_head_and_token
+        return whole * per_head_and_token
     local_tokens = min(context_tokens, config.local_window + config.sink_tokens)
-    held = kinds.count("global") * context_tokens + kinds.count("local") * local_tokens
+    held = whole * context_tokens + kinds.count("local") * local_tokens
     return held * per_head_and_token / context_tokens
 
 
@@ -156,15 +172,17 @@ def layout_problems(config) -> list[str]:
 
 
 class HybridModelMixin(GenerateWithHfAttnCache, CardSharing):
-    """What a hybridized family's model classes add: every attention module knows its heads (`hf_attn_heads`) and
-    runs `hybrid_attention`; `generate` and `forward` (`hybrid_forward`) decode with an `HfAttnCache`; and
-    `save_pretrained` and `push_to_hub` write a card saying which heads are local."""
+    """What a hybridized family's model classes add: every attention module knows its heads (`hf_attn_heads`, and
+    `p_attn` where some are positional) and runs `hybrid_attention`; `generate` and `forward` (`hybrid_forward`)
+    decode with an `HfAttnCache`; and `save_pretrained` and `push_to_hub` write a card saying which heads are of
+    which kind."""
 
     cache_users = "hybridized models yet"
 
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
+    def post_init(self):
+        """The heads' parameters exist before transformers initialises the model's, so they are drawn with them."""
         attach_heads(self)
+        super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """Global heads run SDPA, local heads their banded kernel, both behind one attention function."""
@@ -185,6 +203,9 @@ def hybrid_forward(family_forward: Callable) -> Callable:
 
     @functools.wraps(family_forward)
     def forward(self, *args, **kwargs):
+        if kwargs.get(NUMERIC_VALUES) is not None:
+            kwargs = numbers_embedded(self, args, kwargs)
+        kwargs.pop(NUMERIC_VALUES, None)
         if kwargs.get("output_attentions", self.config.output_attentions):
             kwargs[RETURN_WEIGHTS] = True
         use_cache = kwargs.get("use_cache")
@@ -198,17 +219,43 @@ def hybrid_forward(family_forward: Callable) -> Callable:
             if isinstance(past, int) and past == 0:
                 given.make_room_for_padding(kwargs.get("attention_mask"))
             kwargs[SINK_PREFIX] = given.first_tokens
+        if uses_positional_heads(self.config):
+            kwargs = with_positional_rows(self, args, kwargs, given)
         return family_forward(self, *args, **kwargs)
 
+    # Trainer keeps the dataset columns `forward` names: the family's, and Paper A's numbers.
+    signature = inspect.signature(family_forward)
+    numbers = inspect.Parameter(NUMERIC_VALUES, inspect.Parameter.KEYWORD_ONLY, default=None)
+    parameters = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(parameters) if p.kind == inspect.Parameter.VAR_KEYWORD), len(parameters))
+    forward.__signature__ = signature.replace(parameters=[*parameters[:at], numbers, *parameters[at:]])
     return forward
 
 
 def attach_heads(model: PreTrainedModel) -> None:
-    """Tells each attention module of `model` its heads' kinds (a plain attribute: weights and state dict unchanged)."""
+    """Tells each attention module of `model` its heads' kinds (a plain attribute), gives those with positional heads
+    their `p_attn`, and the model its `wne` where `numeric_inputs` asks for it: the only parameters hybridize adds."""
     attention_types = tuple(ATTENTION_MODULES.values())
     for module in model.modules():
         if isinstance(module, attention_types):
-            module.hf_attn_heads = layer_heads(model.config, module.layer_idx)
+            module.hf_attn_heads = heads = layer_heads(model.config, module.layer_idx)
+            attach_positional_projection(model, module, len(heads.heads.get("positional", ())))
+    attach_numeric_embedding(model)
+
+
+class PerPositionRegression:
+    """Token classification with `problem_type="regression"`: a masked MSE per position (transformers' generic
+    token classification would take cross-entropy whatever the problem type)."""
+
+    @property
+    def loss_function(self):
+        if self.config.problem_type == "regression":
+            return per_position_mse
+        return super().loss_function
+
+    @loss_function.setter
+    def loss_function(self, value):
+        self._loss_function = value
 
 
 def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]) -> tuple[type, dict[str, type]]:
@@ -219,16 +266,19 @@ def hybrid_types(family: str, config_class: type, model_classes: dict[str, type]
         "__doc__": f"`{config_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
         "model_type": f"hf_attn_{family}",
         "__annotations__": {"head_layout": "list[list[str]] | None", "local_window": "int", "attend_to_self": "bool",
-                            "sink_tokens": "int"},
+                            "sink_tokens": "int", "positional_encoding": "str", "positional_encoding_dim": "int | None",
+                            "positional_qk_dim": "int | None", "numeric_inputs": "bool"},
         "head_layout": None,
         "local_window": 1,
         "attend_to_self": True,
         "sink_tokens": 0,
+        **POSITIONAL_FIELDS,
     })  # fmt: skip
+    regression = {"AutoModelForTokenClassification": (PerPositionRegression,)}
     models = {
         auto_name: type(
             f"HfAttn{model_class.__name__}",
-            (HybridModelMixin, model_class),
+            (HybridModelMixin, *regression.get(auto_name, ()), model_class),
             {
                 "__module__": __name__,
                 "__doc__": f"`{model_class.__name__}` with a kind per head (`hf_attn.hybridize`).",
@@ -275,20 +325,30 @@ def hybridize(
     local_window: int = 1,
     attend_to_self: bool = True,
     sink_tokens: int = 0,
+    positional_encoding: str = "sinusoidal",
+    positional_encoding_dim: int | None = None,
+    positional_qk_dim: int | None = None,
 ) -> PreTrainedModel:
     """Gives `model` (a loaded Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model: the base model or one with a
     causal LM, sequence or token classification or question answering head; or one hybridized before) a kind per query
     head, in place, and returns it; weights, dtype and device are untouched.
 
-    `head_layout` names every head's kind ("global" or "local"), one list per layer; or `num_local_heads` makes the
-    last N heads of every layer (or of each layer, given a list) local, so that with grouped-query attention whole
-    key/value groups turn local and the cache keeps only their last `local_window` tokens. Neither: every head stays
-    global and the model computes exactly what it did. `attend_to_self=True` (the default) lets a local head see its
-    own token as well, as pretrained heads were trained to. `sink_tokens` = s lets every local head also see the first
-    s tokens of its sequence (the first real ones under left padding), as StreamingLLM's and DuoAttention's streaming
-    heads do: pretrained heads park attention on the first tokens, and a local head without them loses that place
-    (SmolLM2-135M with half its key/value groups 64-local: WikiText-2 perplexity 108 without sinks, 32 with 4). The
-    cache keeps s + `local_window` tokens of a key/value head that only local heads read.
+    `head_layout` names every head's kind ("global", "local" or "positional"), one list per layer; or
+    `num_local_heads` makes the last N heads of every layer (or of each layer, given a list) local, so that with
+    grouped-query attention whole key/value groups turn local and the cache keeps only their last `local_window`
+    tokens. Neither: every head stays global and the model computes exactly what it did. `attend_to_self=True` (the
+    default) lets a local head see its own token as well, as pretrained heads were trained to. `sink_tokens` = s
+    lets every local head also see the first s tokens of its sequence (the first real ones under left padding), as
+    StreamingLLM's and DuoAttention's streaming heads do: pretrained heads park attention on the first tokens, and a
+    local head without them loses that place (SmolLM2-135M with half its key/value groups 64-local: WikiText-2
+    perplexity 108 without sinks, 32 with 4). The cache keeps s + `local_window` tokens of a key/value head that
+    only local heads read.
+
+    A positional head's queries and keys come from P (`positional_encoding`: "sinusoidal", "binary" or "onehot", of
+    width `positional_encoding_dim`, by default the heads' width for sinusoids) through a new projection `p_attn`
+    (queries and keys `positional_qk_dim` wide, by default P's width), drawn as the family draws its projections:
+    the head keeps its value projection and forgets its learned queries and keys, so it must be trained (the
+    cache keeps only the values of a key/value head that only positional heads read).
     """
     drop_gguf_quantizer(model)
     family = family_of(model.config)
@@ -301,7 +361,8 @@ def hybridize(
         head_layout = last_heads_local(num_local_heads, layers, heads)
     fields = {key: value for key, value in model.config.to_dict().items() if key not in ("model_type", "architectures")}
     fields.update(head_layout=head_layout, local_window=local_window, attend_to_self=attend_to_self,
-                  sink_tokens=sink_tokens)  # fmt: skip
+                  sink_tokens=sink_tokens, positional_encoding=positional_encoding,
+                  positional_encoding_dim=positional_encoding_dim, positional_qk_dim=positional_qk_dim)  # fmt: skip
     config = config_class(**fields)
     config._attn_implementation = HYBRID_ATTENTION
     old_config = model.config

@@ -1,7 +1,8 @@
 """The attention function of hybridized models, `hybrid_attention`, registered in transformers' `AttentionInterface`
 as "hf_attn_hybrid": each layer's query heads split by kind (`LayerHeads`), global heads through SDPA over the mask
-transformers built, local heads through hf_attn's banded kernel (with sinks), or, from a static cache's slots, over
-keys placed by index.
+transformers built, local heads through hf_attn's banded kernel (with sinks), positional heads through hf_attn's
+positional kernel (weights from P's rows, which the model's forward looks up once for every layer), or, from a static
+cache's slots, over keys placed by index.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .attention_hf_attn import global_attention, local_attention, masked_sdpa, masked_weights
+from .attention_hf_attn import global_attention, local_attention, masked_sdpa, masked_softmax, positional_attention
 from .attention_inputs_hf_attn import place_columns
 from .cache_hf_attn import KEY_INDEX, model_window
 from .visibility_hf_attn import Visibility, local_visible, visibility_mask
@@ -24,7 +25,11 @@ RETURN_WEIGHTS = "hf_attn_return_weights"
 # The keyword argument telling `hybrid_attention` how many first tokens an `HfAttnCache` keeps for local heads with
 # sinks: the sinks, and the left padding before them.
 SINK_PREFIX = "hf_attn_sink_prefix"
-KINDS = ("global", "local")
+# The keyword argument carrying P's rows at the new tokens' positions (B|1, T, d_P) and at every key's (B|1, S, d_P).
+POSITIONAL_ROWS = "hf_attn_positional_rows"
+KINDS = ("global", "local", "positional")
+# What a positional head sees: every earlier token and itself, as the model's global heads do.
+POSITIONAL_VISIBILITY = Visibility(True, True)
 # Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
 # mask rather than the banded kernel's pass per key offset.
 MAX_QUERIES_FOR_SDPA = 16
@@ -37,14 +42,16 @@ class LayerHeads:
     key/value head h // (query heads per key/value head), as transformers' `repeat_kv` has it. Everything is worked
     out once, here, into plain attributes, which graph capture reads as constants."""
 
-    def __init__(
-        self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool, sink_tokens: int
-    ):
+    def __init__(self, kinds: Sequence[str], num_key_value_heads: int, local_window: int, attend_to_self: bool,
+                 sink_tokens: int, positional_qk_dim: int | None = None):  # fmt: skip
         self.kinds, self.local_window, self.sink_tokens = tuple(kinds), local_window, sink_tokens
+        self.positional_qk_dim = positional_qk_dim
         group_size = len(self.kinds) // num_key_value_heads
         groups = [self.kinds[g * group_size : (g + 1) * group_size] for g in range(num_key_value_heads)]
-        # Per key/value head: "global" (every token kept) when a global query head reads it, else "local".
-        self.kv_kinds = tuple("global" if "global" in group else "local" for group in groups)
+        # Per key/value head: the kind of the query heads reading it where they are all of one kind; "global" (every
+        # key and value kept) where kinds mix: a global head reads every key, a positional head every value, and a
+        # local head beside one of them the keys of its window.
+        self.kv_kinds = tuple(group[0] if len(set(group)) == 1 else "global" for group in groups)
         # Query heads, and key/value heads in the order `HfAttnCache` keeps them, per kind present.
         self.heads = {kind: [h for h, k in enumerate(self.kinds) if k == kind] for kind in KINDS if kind in self.kinds}
         self.kv_heads = {
@@ -68,12 +75,16 @@ def layer_heads(config, layer_idx: int) -> LayerHeads:
     sliding layers), its mask hides the first tokens from every head: local heads get no sinks there."""
     sinks = config.sink_tokens if model_window(config, layer_idx) is None else 0
     return LayerHeads(config.head_layout[layer_idx], num_key_value_heads(config), config.local_window,
-                      config.attend_to_self, sinks)  # fmt: skip
+                      config.attend_to_self, sinks, config.positional_qk_dim)  # fmt: skip
 
 
 def num_key_value_heads(config) -> int:
     """GPT-2 has one key/value head per query head and no field saying so."""
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 # --- the attention function ------------------------------------------------------------------------------------
@@ -83,8 +94,15 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     """A hybridized layer's attention, as transformers' attention interface calls it: query (B, H, T, D); key and
     value (B, H_kv, S, D), or, from an `HfAttnCache`, {kind: (B, H_kv of that kind, S or fewer, D)}, newest last;
     the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
-    Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None."""
+    Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None. Positional heads read
+    P's rows from `kwargs[POSITIONAL_ROWS]`, which the model's forward puts there."""
     heads: LayerHeads = module.hf_attn_heads
+    rows = kwargs.get(POSITIONAL_ROWS)
+    if "positional" in heads.heads and rows is None:
+        raise ValueError(
+            f"{type(module).__name__} has positional heads, which need P's rows (`{POSITIONAL_ROWS}`): call the "
+            "hybridized model, whose forward looks them up, not its attention modules alone."
+        )
     placed = key.pop(KEY_INDEX, None) if isinstance(key, dict) else None  # a static `HfAttnCache`'s keys
     # Keys known to end at the newest token: a dynamic `HfAttnCache`'s, or any that come without a mask (causal order
     # then says it all). Other caches' (a static cache's slots, empty ones after the newest) come with a mask that
@@ -97,23 +115,28 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
             placed, attention_mask = first_and_last_index(keys, attention_mask, prefix, query.shape[-2])
         if placed is not None:
             keys, values, attention_mask = in_token_order(keys, values, attention_mask, placed, query.shape[-2])
-        return attention_with_weights(query, keys, values, attention_mask, heads, scaling, dropout)
+        return attention_with_weights(module, query, keys, values, attention_mask, scaling, dropout, rows)
     if placed is not None:
-        return placed_attention(module, query, keys, values, attention_mask, placed, scaling, dropout)
-    if "local" not in heads.heads:  # the model's own attention, exactly: transformers' SDPA function
+        return placed_attention(module, query, keys, values, attention_mask, placed, scaling, dropout, rows)
+    if set(heads.heads) == {"global"}:  # the model's own attention, exactly: transformers' SDPA function
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
         )
     outputs = []
     if "global" in heads.heads:
         outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
-    if newest_last and heads.sink_tokens:
-        prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
-        outputs.append(local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix))
-    elif newest_last:
-        outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
-    else:
-        outputs.append(local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout))
+    if "local" in heads.heads:
+        if newest_last and heads.sink_tokens:
+            prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
+            local = local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix)
+        elif newest_last:
+            local = local_heads(query, keys, values, attention_mask, heads, scaling, dropout)
+        else:
+            local = local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout)
+        outputs.append(local)
+    if "positional" in heads.heads:
+        masks, key_rows = newest_keys(values, attention_mask, rows[1])
+        outputs.append(positional_heads(module, values, masks, rows[0], key_rows, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None
 
@@ -195,12 +218,58 @@ def local_heads_by_mask(
     return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
 
 
+def newest_keys(values: dict, attention_mask, key_rows: torch.Tensor) -> tuple[dict, dict]:
+    """Per kind of key/value head, the mask's columns and P's rows of its keys, the newest ones: the last as many as
+    it holds (all of them for a key/value head kept whole, or a static cache's every slot)."""
+    masks, rows = {}, {}
+    for kind, v in values.items():
+        length = v.shape[-2]
+        masks[kind] = None if attention_mask is None else attention_mask[..., -length:]
+        rows[kind] = key_rows[:, -length:]
+    return masks, rows
+
+
+def positional_heads(module, values: dict, masks: dict, query_rows: torch.Tensor, key_rows: dict,
+                     dropout: float) -> torch.Tensor:  # fmt: skip
+    """(B, H_positional, T, D): the positional heads, their weights from P alone (queries and keys `p_attn` projects
+    from P's rows, one row for the batch unless positions differ by row), their values the data's; those reading
+    each kind of key/value head under that kind's mask (None: causal order) over its keys' rows."""
+    heads: LayerHeads = module.hf_attn_heads
+    sources, scale = heads.sources["positional"], heads.positional_qk_dim**-0.5
+    queries = positional_projection(module, query_rows, "queries")
+    outputs = {}
+    for kind, which in source_groups(sources):
+        v = per_head(values, [sources[i] for i in which])
+        k = positional_projection(module, key_rows[kind], "keys")[:, which]
+        out = positional_attention(queries[:, which], k, v, POSITIONAL_VISIBILITY, masks[kind], scale, dropout)
+        outputs.update(zip(which, out.unbind(1), strict=True))
+    return torch.stack([outputs[i] for i in range(len(sources))], dim=1)
+
+
+def positional_projection(module, rows: torch.Tensor, part: str) -> torch.Tensor:
+    """(B|1, H_positional, N, qk): P's queries or keys of a layer's positional heads at P's rows (B|1, N, d_P).
+    `p_attn` holds the queries' columns, then the keys'."""
+    weight, bias = module.p_attn.weight, module.p_attn.bias
+    half = weight.shape[0] // 2
+    taken = slice(0, half) if part == "queries" else slice(half, None)
+    projected = torch.nn.functional.linear(rows.to(weight.dtype), weight[taken], bias[taken])
+    qk = module.hf_attn_heads.positional_qk_dim
+    return projected.view(*rows.shape[:2], -1, qk).transpose(1, 2)
+
+
+def source_groups(sources: list[tuple[str, int]]) -> list[tuple[str, list[int]]]:
+    """A kind's heads grouped by the kind of key/value head they read: (kind read, the heads' indices)."""
+    kinds = dict.fromkeys(kind for kind, _ in sources)
+    return [(kind, [i for i, (source, _) in enumerate(sources) if source == kind]) for kind in kinds]
+
+
 def placed_attention(
-    module, query, keys: dict, values: dict, attention_mask, placed: dict, scaling: float, dropout: float
+    module, query, keys: dict, values: dict, attention_mask, placed: dict, scaling: float, dropout: float, rows
 ) -> tuple[torch.Tensor, None]:
     """A layer's heads over a static `HfAttnCache`: each kind of key/value head under the columns of the mask
     transformers built (over every slot up to `max_cache_len`) at its keys' indices (`placed_mask`), so global heads
-    see what the model's mask lets them see and local heads find their window and sinks along it."""
+    see what the model's mask lets them see, local heads find their window and sinks along it, and positional
+    heads take P's rows at their keys' indices."""
     heads: LayerHeads = module.hf_attn_heads
     num_queries = query.shape[-2]
     masks = {kind: placed_mask(attention_mask, index, keys[kind].shape[-2], num_queries, query.device)
@@ -210,6 +279,10 @@ def placed_attention(
         outputs.append(global_heads(module, query, keys, values, masks["global"], scaling, dropout))
     if "local" in heads.heads:
         outputs.append(local_heads_placed(query, keys, values, masks, heads, scaling, dropout))
+    if "positional" in heads.heads:
+        query_rows, key_rows = rows
+        by_index = {kind: key_rows if index is None else key_rows[:, index] for kind, index in placed.items()}
+        outputs.append(positional_heads(module, values, masks, query_rows, by_index, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None
 
@@ -235,17 +308,14 @@ def local_heads_placed(query, keys: dict, values: dict, masks: dict, heads: Laye
     """(B, H_local, T, D): the local heads over a static cache, those reading each kind of key/value head under that
     kind's mask, each query's window and sinks counted along it (`local_visible`)."""
     local, sources = heads.heads["local"], heads.sources["local"]
-    outputs, order = [], []
-    for kind in dict.fromkeys(kind for kind, _ in sources):
-        which = [i for i, (source_kind, _) in enumerate(sources) if source_kind == kind]
+    outputs = {}
+    for kind, which in source_groups(sources):
         reading = [sources[i] for i in which]
         k, v = per_head(keys, reading), per_head(values, reading)
         mask = local_visible(masks[kind], heads.visibility)
-        outputs.append(local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling,
-                                       dropout))  # fmt: skip
-        order += which
-    out = torch.cat(outputs, dim=1)
-    return out if order == sorted(order) else out[:, sorted(range(len(order)), key=order.__getitem__)]
+        out = local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling, dropout)
+        outputs.update(zip(which, out.unbind(1), strict=True))
+    return torch.stack([outputs[i] for i in range(len(sources))], dim=1)
 
 
 def first_and_last_index(keys: dict, attention_mask, prefix: int, num_queries: int) -> tuple[dict, torch.Tensor]:
@@ -287,11 +357,13 @@ def in_token_order(keys: dict, values: dict, attention_mask, placed: dict, num_q
 
 
 def attention_with_weights(
-    query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float
+    module, query, keys: dict, values: dict, attention_mask, scaling: float, dropout: float, rows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every head written out, for `output_attentions`: (B, T, H, D) and the (B, H, T, S) weights over the keys the
     mask spans, the newest last; a local head's key/value head keeps fewer of them, the older ones weigh 0. From a
-    static cache (`in_token_order`), the mask comes per kind of key/value head."""
+    static cache (`in_token_order`), the mask comes per kind of key/value head. Positional heads' scores come from
+    P's rows (`rows`), the others' from their keys."""
+    heads: LayerHeads = module.hf_attn_heads
     num_queries = query.shape[-2]
     num_keys = max(k.shape[-2] for k in keys.values())
     if attention_mask is None:  # causal order: query i is key num_keys - num_queries + i
@@ -299,10 +371,19 @@ def attention_with_weights(
     if not isinstance(attention_mask, dict):
         attention_mask = dict.fromkeys(keys, attention_mask.bool())
     visible = torch.cat(torch.broadcast_tensors(*(attention_mask[kind] for kind, _ in heads.every_source)), dim=1)
+    # A cache keeps no keys for positional heads (zero wide): zeros stand in, their scores come from P.
+    keys = {kind: x if x.shape[-1] else x.new_zeros(*x.shape[:-1], query.shape[-1]) for kind, x in keys.items()}
     k, v = (per_head(left_padded(states, num_keys), heads.every_source) for states in (keys, values))
     is_local = torch.tensor([kind == "local" for kind in heads.kinds], device=query.device)[:, None, None]
     mask = torch.where(is_local, local_visible(visible, heads.visibility), visible)  # (B|1, H, T, S)
-    weights = masked_weights(query, k, mask, scaling)
+    scores = torch.matmul(query, k.transpose(-1, -2)).float() * scaling
+    if "positional" in heads.heads:
+        positional = torch.tensor(heads.heads["positional"], device=query.device)
+        pq = positional_projection(module, rows[0], "queries")
+        pk = positional_projection(module, rows[1][:, -num_keys:], "keys")
+        p_scores = torch.matmul(pq, pk.transpose(-1, -2)).float() * heads.positional_qk_dim**-0.5
+        scores = scores.index_copy(1, positional, p_scores.expand(scores.shape[0], -1, -1, -1))
+    weights = masked_softmax(scores, mask).to(query.dtype)
     out = torch.matmul(torch.nn.functional.dropout(weights, dropout), v)
     return out.transpose(1, 2), weights
 

@@ -17,7 +17,7 @@ from .attention_inputs_hf_attn import AttentionInputs, key_indices, place_column
 from .cache_hf_attn import HeadKindLayer
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HEAD_KINDS, HeadKind, kinds_in
-from .position_encodings_hf_attn import FIXED_ENCODINGS, apply_rotary
+from .position_encodings_hf_attn import apply_rotary, fixed_table
 
 
 class FixedTable(nn.Module):
@@ -32,7 +32,7 @@ class FixedTable(nn.Module):
         self.register_buffer("table", self.build(num_positions, dim), persistent=False)
 
     def build(self, num_positions: int, dim: int) -> torch.Tensor:
-        return FIXED_ENCODINGS[self.kind](num_positions, dim)
+        return fixed_table(self.kind, num_positions, dim)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]

@@ -6,28 +6,32 @@ import math
 import torch
 
 
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
-    """(num_positions, dim) fixed sinusoids of Vaswani et al., sin in even and cos in odd columns."""
-    position = torch.arange(num_positions, dtype=torch.float32)[:, None]
-    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(num_positions, dim)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency)
-    return table
+def sinusoidal_rows(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """(..., dim) fixed sinusoids of Vaswani et al. at `positions`, sin in even and cos in odd columns."""
+    angles = positions[..., None].float() * torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) * (-math.log(10000.0) / dim)
+    )
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., :dim]
 
 
-def binary_table(num_positions: int, dim: int) -> torch.Tensor:
-    """(num_positions, dim) bits of each index as +-1, least significant first (Paper A's later code)."""
-    bits = (torch.arange(num_positions)[:, None] >> torch.arange(dim)[None, :]) & 1
+def binary_rows(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """(..., dim) bits of each position as +-1, least significant first (Paper A's later code)."""
+    bits = (positions[..., None] >> torch.arange(dim, device=positions.device)) & 1
     return bits.float() * 2 - 1
 
 
-def onehot_table(num_positions: int, dim: int) -> torch.Tensor:
-    """The identity: Paper A's `eye(n + 1)`."""
-    return torch.eye(num_positions, dim)
+def onehot_rows(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """(..., dim) the rows of the identity, Paper A's `eye(n + 1)`: zeros for a position >= dim."""
+    return (positions[..., None] == torch.arange(dim, device=positions.device)).float()
 
 
-FIXED_ENCODINGS = {"sinusoidal": sinusoidal_table, "binary": binary_table, "onehot": onehot_table}
+# P's rows at given positions, by `positional_encoding`: computed where needed, so no table bounds the positions.
+FIXED_ROWS = {"sinusoidal": sinusoidal_rows, "binary": binary_rows, "onehot": onehot_rows}
+
+
+def fixed_table(kind: str, num_positions: int, dim: int) -> torch.Tensor:
+    """(num_positions, dim): the rows of positions 0..num_positions - 1."""
+    return FIXED_ROWS[kind](torch.arange(num_positions), dim)
 
 
 def rotary_cos_sin(position_ids: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

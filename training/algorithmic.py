@@ -8,6 +8,7 @@ as c grows while standard attention's grows by orders of magnitude.
     python -m training.algorithmic configs/algorithmic/cpu.yaml
     python -m training.algorithmic configs/algorithmic/cpu.yaml --tasks cumulative_min --seeds 0 1 2
     python -m training.algorithmic configs/algorithmic/cpu.yaml --resume true     # continue interrupted runs
+    python -m training.algorithmic configs/algorithmic/llama_cpu.yaml              # the same on a Llama decoder
 
 Writes OUTPUT_DIR/TASK/MODEL/seed-S/{results.json, model/} per run and OUTPUT_DIR/TASK/{results.md, mse.png,
 accuracy.png} per task.
@@ -28,8 +29,11 @@ from hf_attn.data import ALGORITHMIC_TASKS, algorithmic_dataset
 from hf_attn.experiments import collapse_check, input_blind_mse, list_field, write_task_reports
 from hf_attn.experiments.reports import plot_metric
 from hf_attn.hub import CardFacts
+from hf_attn.hybrid import HYBRID_TYPES
 from training import register_family
 from training.models import PAPER_A_MODELS, paper_a_config
+
+ARCHITECTURES = ("gpt2", "llama")
 
 
 @dataclass
@@ -64,6 +68,15 @@ class ExperimentArguments(experiments.RunArguments):
 
 @dataclass
 class ModelArguments(experiments.ModelArguments):
+    architecture: str = field(
+        default="gpt2",
+        metadata={"help": "`gpt2`: hf_attn's GPT-2-shaped models (Paper A's trunk). `llama`: a Llama decoder (RMSNorm, "
+                  "SwiGLU MLP of width n_inner, pre-norm blocks, causal), every head positional (P as "
+                  "`positional_encoding` says, through hf_attn.hybridize's positional heads) or every head Llama's own "
+                  "(rotary positions); numbers enter through `wne` as in Paper A. Needs `is_causal: true`; "
+                  "`block_style`, `activation_function` and `content_qk_dim` are GPT-2's only.",
+                  "choices": ARCHITECTURES},
+    )  # fmt: skip
     n_layer: int | None = field(default=None, metadata={"help": "Depth; default floor(log2 n) + 1 (Paper A)."})
     n_embd: int = field(default=64, metadata={"help": "Width d_model (Paper A: 64)."})
     n_head: int = field(default=2, metadata={"help": "Heads per layer (Paper A: 2)."})
@@ -103,6 +116,7 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
         problems.append("seeds must list at least one seed")
     if any(epoch < 1 for epoch in experiment.tracked_epochs):
         problems.append(f"tracked_epochs must all be >= 1, got {experiment.tracked_epochs}")
+    problems += llama_problems(model)
     if experiment.length >= 1:  # else the configs' n_positions is wrong too: said once is enough
         positions = experiment.length + int(experiment.scratchpad)
         problems += experiments.config_problems(
@@ -114,8 +128,24 @@ def problems(experiment: ExperimentArguments, model: ModelArguments, training: T
     return problems
 
 
+def llama_problems(model: ModelArguments) -> list[str]:
+    """What a Llama decoder cannot honour: it is causal, its blocks, MLP and heads are Llama's own."""
+    if model.architecture != "llama":
+        return []
+    problems = [] if model.is_causal else ["architecture llama is causal: set is_causal true"]
+    gpt2_only = {"block_style": "concat_mlp", "activation_function": "relu", "content_qk_dim": None}
+    return problems + [
+        f"{name} is not used by architecture llama (its blocks, MLP and heads are Llama's): leave it unset, got "
+        f"{getattr(model, name)!r}"
+        for name, default in gpt2_only.items()
+        if getattr(model, name) != default
+    ]
+
+
 def model_config(kind: str, model: ModelArguments, length: int, positions: int):
     """Paper A's positional or standard model for n = `length` numbers, regressing a value at every position."""
+    if model.architecture == "llama":
+        return llama_config(kind, model, length, positions)
     return paper_a_config(
         kind, standard_qk_dim=model.content_qk_dim or model.n_embd,
         n_layer=model.n_layer or length.bit_length(),  # Paper A's code: floor(log2 n) + 1 layers
@@ -123,6 +153,20 @@ def model_config(kind: str, model: ModelArguments, length: int, positions: int):
         block_style=model.block_style, positional_encoding=model.positional_encoding, is_causal=model.is_causal,
         activation_function=model.activation_function, vocab_size=1, numeric_inputs=True, num_labels=1,
         problem_type="regression",
+    )  # fmt: skip
+
+
+def llama_config(kind: str, model: ModelArguments, length: int, positions: int):
+    """A Llama decoder as wide and deep as Paper A's model, every head positional or every head Llama's own, no
+    dropout (Paper A's code), numbers in through `wne`."""
+    layers = model.n_layer or length.bit_length()
+    kind_of_heads = "positional" if kind == "positional" else "global"
+    return HYBRID_TYPES["llama"][0](
+        hidden_size=model.n_embd, num_hidden_layers=layers, num_attention_heads=model.n_head,
+        num_key_value_heads=model.n_head, intermediate_size=model.n_inner, max_position_embeddings=positions,
+        head_layout=[[kind_of_heads] * model.n_head] * layers, positional_encoding=model.positional_encoding,
+        vocab_size=1, numeric_inputs=True, num_labels=1, problem_type="regression", classifier_dropout=0.0,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
 
 
