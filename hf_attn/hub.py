@@ -192,22 +192,32 @@ def head_layout_section(config) -> str:
 
 
 def hybrid_layout_section(config) -> str:
-    """Which heads of a hybridized model are local, what they see, and what the cache keeps per token."""
+    """Which heads of a hybridized model are local or positional, what they see, and what the cache keeps per token."""
+    kinds = ["global", "local"] + (["positional"] if any("positional" in layer for layer in config.head_layout) else [])
+    kept_as = {"global": "kept whole", "local": "kept as a window", "positional": "kept as values only"}
     rows = []
     for layers, layer in layer_runs(config.head_layout):
         kept = config.kv_head_layout[int(layers.split("-")[0])]  # the same in every layer of the run
-        counts = (layer.count("global"), layer.count("local"), kept.count("global"), kept.count("local"))
+        counts = [layer.count(kind) for kind in kinds] + [kept.count(kind) for kind in kinds]
         rows.append(f"| {layers} | " + " | ".join(map(str, counts)) + " |")
     seen = visible_keys(Visibility(True, config.attend_to_self, config.local_window, config.sink_tokens))
     ours, original = cache_bytes_per_token(config), original_cache_bytes_per_token(config)
+    header = [f"{kind} heads" for kind in kinds] + [f"key/value heads {kept_as[kind]}" for kind in kinds]
+    positional = (
+        [f"Positional heads weigh every earlier token and themselves by the fixed positional encoding P alone "
+         f"(`positional_encoding` = {config.positional_encoding}, {config.positional_encoding_dim} wide, through their "
+         f"own projection `p_attn`): the same weights for every input; their values come from the data.", ""]
+        if "positional" in kinds else []
+    )  # fmt: skip
     return "\n".join([
         f"Global heads attend as in the original `{config.model_type.removeprefix('hf_attn_')}` model; local heads see "
         f"only {seen} (`local_window` = {config.local_window}, `sink_tokens` = {config.sink_tokens}).", "",
-        "| layers | global heads | local heads | key/value heads kept whole | key/value heads kept as a window |",
-        "|---|---|---|---|---|", *rows, "",
-        "A key/value head is kept whole when a global query head reads it (grouped-query attention), else only its "
-        f"window. At long context the cache grows by {ours:,} bytes per token in 16-bit precision, "
-        f"{ours / original:.2f}x the original model's {original:,}.",
+        *positional,
+        "| layers | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|", *rows, "",
+        "A key/value head is kept whole when a global query head reads it (grouped-query attention), or heads of "
+        "several kinds do; only its values when positional heads alone read it; else only its window. At long "
+        f"context the cache grows by {ours:,} bytes per token in 16-bit precision, {ours / original:.2f}x the "
+        f"original model's {original:,}.",
     ])  # fmt: skip
 
 

@@ -129,13 +129,13 @@ def cache_bytes_per_token(config, bytes_per_value: int = 2, context_tokens: int 
     whatever the context). With `context_tokens`, what it holds at that context per token, local heads' windows and
     sinks counted. 2 bytes a value: bfloat16 and float16."""
     kinds = [kind for layer in config.kv_head_layout for kind in layer]
-    per_head_and_token = 2 * head_dim(config) * bytes_per_value  # a key and a value
-    whole = kinds.count("global") + kinds.count("positional") / 2  # positional: the value alone
+    per_vector = head_dim(config) * bytes_per_value  # a key or a value of one head and token
+    every_token = 2 * kinds.count("global") + kinds.count("positional")  # vectors kept for every token
     if context_tokens is None:
-        return whole * per_head_and_token
+        return every_token * per_vector
     local_tokens = min(context_tokens, config.local_window + config.sink_tokens)
-    held = whole * context_tokens + kinds.count("local") * local_tokens
-    return held * per_head_and_token / context_tokens
+    held = every_token * context_tokens + 2 * kinds.count("local") * local_tokens
+    return held * per_vector / context_tokens
 
 
 def original_cache_bytes_per_token(config, bytes_per_value: int = 2) -> int:

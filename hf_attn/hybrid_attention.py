@@ -281,7 +281,9 @@ def placed_attention(
         outputs.append(local_heads_placed(query, keys, values, masks, heads, scaling, dropout))
     if "positional" in heads.heads:
         query_rows, key_rows = rows
-        by_index = {kind: key_rows if index is None else key_rows[:, index] for kind, index in placed.items()}
+        last = key_rows.shape[1] - 1  # an empty slot's index is past every key: its column is hidden
+        by_index = {kind: key_rows if index is None else key_rows[:, index.clamp(max=last)]
+                    for kind, index in placed.items()}  # fmt: skip
         outputs.append(positional_heads(module, values, masks, query_rows, by_index, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None

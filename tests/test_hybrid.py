@@ -531,7 +531,11 @@ class RenamedLlama(LlamaForCausalLM):
         (lambda: tiny("llama"), dict(num_local_heads=9), "`num_local_heads` must be an int in 0..8"),
         (lambda: tiny("llama"), dict(head_layout=[["global"] * 8]), "one list per layer (2), got 1"),
         (lambda: tiny("llama"), dict(head_layout=[["global"] * 7, ["global"] * 8]), "layers [0] do not"),
-        (lambda: tiny("llama"), dict(head_layout=[["positional"] * 8] * 2), "allowed kinds: ['global', 'local']"),
+        (
+            lambda: tiny("llama"),
+            dict(head_layout=[["sliding"] * 8] * 2),
+            "allowed kinds: ['global', 'local', 'positional']",
+        ),
         (lambda: tiny("llama"), dict(num_local_heads=2, local_window=0), "`local_window` must be an int >= 1"),
     ],
 )

@@ -36,7 +36,8 @@ def test_every_config_parses_and_validates(config):
     assert not algorithmic.problems(experiment, model, training)
     assert experiment.tasks and experiment.models and training.learning_rate > 0
     assert training.max_grad_norm == 0  # Paper A's code does not clip gradients
-    assert model.content_qk_dim == model.n_embd  # Paper A's code: standard heads' queries and keys as wide as d_model
+    if model.architecture == "gpt2":  # Paper A's code: standard heads' queries and keys as wide as d_model
+        assert model.content_qk_dim == model.n_embd
 
 
 @pytest.mark.parametrize("length,depth", [(2, 2), (3, 2), (5, 3), (6, 3), (8, 4), (12, 4), (16, 5)])
@@ -70,6 +71,24 @@ def test_tiny_run_writes_results_table_plots_and_checkpoints(tmp_path):
     assert "| c | positional | standard |" in report
     for plot in ("mse.png", "accuracy.png"):
         assert (task / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tiny_llama_run_trains_positional_heads_and_llamas_own(tmp_path):
+    """`architecture: llama`: a Llama decoder, every head positional (P one-hot over the 9 positions) or every head
+    Llama's own, numbers in through `wne`; both learn (training loss below the untrained model's MSE at c = 1) and
+    load back with their Auto class."""
+    llama = str(ROOT / "configs/algorithmic/llama_cpu.yaml")
+    algorithmic.FAMILY.main([llama, "--output_dir", str(tmp_path), *TINY, "--tasks", "cumulative_min",
+                             "--num_train_epochs", "4"])  # fmt: skip
+    for model, kinds in (("positional", {"positional"}), ("standard", {"global"})):
+        run = tmp_path / "cumulative_min" / model / "seed-0"
+        results = json.loads((run / "results.json").read_text())
+        saved = AutoModelForTokenClassification.from_pretrained(run / "model")
+        assert saved.config.model_type == results["model_type"] == "hf_attn_llama"
+        assert {kind for layer in saved.config.head_layout for kind in layer} == kinds
+        assert saved.config.positional_encoding == "onehot" and saved.config.positional_encoding_dim == 9
+        assert not results["collapse"]["collapsed"]
+        assert results["by_scale"]["1"]["mse"] < results["collapse"]["input_blind_error"]
 
 
 def test_an_untrained_run_is_reported_as_collapsed(tmp_path, capsys):
@@ -131,7 +150,19 @@ def test_bad_arguments_stop_before_training(tmp_path, args, message):
 
 @pytest.mark.parametrize(
     "args,message",
-    [(["--train_low", "2", "--train_high", "-2"], "train_low"), (["--scales", "0", "2"], "scales")],
+    [
+        (["--train_low", "2", "--train_high", "-2"], "train_low"),
+        (["--scales", "0", "2"], "scales"),
+        (["--architecture", "llama"], "architecture llama is causal: set is_causal true"),
+        (
+            ["--architecture", "llama", "--is_causal", "true", "--content_qk_dim", "64"],
+            "content_qk_dim is not used by architecture llama",
+        ),
+        (
+            ["--architecture", "llama", "--is_causal", "true", "--positional_encoding", "learned"],
+            "`positional_encoding` must be one of",
+        ),
+    ],
 )
 def test_invalid_ranges_stop_before_training(tmp_path, args, message):
     with pytest.raises(ValueError, match=message):

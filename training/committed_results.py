@@ -12,8 +12,8 @@ from hf_attn.experiments import format_value
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
-PAPER_A = ("quickstart", "algorithmic_cpu", "algorithmic_cpu_long", "mixed_cpu", "induction_cpu",
-           "induction_cpu_layernorm")  # fmt: skip
+PAPER_A = ("quickstart", "algorithmic_cpu", "algorithmic_cpu_long", "algorithmic_llama_cpu", "mixed_cpu",
+           "induction_cpu", "induction_cpu_layernorm")  # fmt: skip
 FORMAL_PAPER_SIZE = "formal_languages_paper_size_cpu"  # the main table at Paper B's model size: the headline
 FORMAL_POSITIVES = "formal_languages_check_positives"  # its contains_ab local cells with uniform random members
 FORMAL_CHECKS = {"smaller model: 2 layers x 32, 500 steps": "formal_languages_table_cpu",

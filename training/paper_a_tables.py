@@ -66,6 +66,28 @@ def algorithmic_table(name: str) -> str:
     return "\n".join(lines) + "\n\n" + PAPER_A_ALGORITHMIC_NOTE
 
 
+def algorithmic_llama_table(name: str = "algorithmic_llama_cpu", beside_name: str = "algorithmic_cpu") -> str:
+    """Per task of the Llama-shaped runs (docs/results/NAME), at every c: their median MSE over seeds, beside the
+    GPT-2-shaped models' with the same data and training (docs/results/BESIDE_NAME) and Paper A's median."""
+    llama, gpt2 = load_results(DOCS / name), load_results(DOCS / beside_name)
+    models = ("positional", "standard")
+    sections = []
+    for task in [task for task in TASK_NAMES if any(r["task"] == task for r in llama)]:
+        runs = [r for r in llama if r["task"] == task]
+        ours, shaped = aggregate(runs, "mse"), aggregate([r for r in gpt2 if r["task"] == task], "mse")
+        lines = [f"**{TASK_NAMES[task]}**: median MSE over seeds", "",
+                 "| c | Llama positional | Llama standard | standard / positional | GPT-2-shaped positional | "
+                 "GPT-2-shaped standard | Paper A positional | Paper A standard |", "|---" * 8 + "|"]  # fmt: skip
+        for c in sorted(ours["positional"], key=int):
+            llama_medians = [median(ours, m, c) for m in models]
+            papers = [paper_numbers.ALGORITHMIC_MSE[task, m, "median"][int(c) + 1] for m in models]
+            cells = [*map(format_value, llama_medians), f"{llama_medians[1] / llama_medians[0]:.2g}x",
+                     *(format_value(median(shaped, m, c)) for m in models), *map(published, papers)]  # fmt: skip
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        sections.append("\n".join(lines) + "\n\n" + collapse_summary(runs))
+    return "\n\n".join(sections)
+
+
 def algorithmic_by_epoch_table(name: str) -> str:
     """Per task: median MSE over seeds at c = 10 after each tracked epoch, and the standard / positional ratio Paper
     A's claim is about, from the runs' `by_epoch` in docs/results/NAME; Paper A's own after 2,001 epochs beside."""
