@@ -239,7 +239,7 @@ def attach_heads(model: PreTrainedModel) -> None:
     for module in model.modules():
         if isinstance(module, attention_types):
             module.hf_attn_heads = heads = layer_heads(model.config, module.layer_idx)
-            attach_positional_projection(model, module, len(heads.heads.get("positional", ())))
+            attach_positional_projection(model, module, heads.heads.get("positional", ()))
     attach_numeric_embedding(model)
 
 

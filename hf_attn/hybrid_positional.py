@@ -13,6 +13,7 @@ position, a regression target per position) run on these architectures too.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -74,22 +75,25 @@ def uses_positional_heads(config) -> bool:
     return any("positional" in layer for layer in config.head_layout)
 
 
-def attach_positional_projection(model: nn.Module, attention: nn.Module, num_positional_heads: int) -> None:
-    """Gives `attention` its `p_attn` for `num_positional_heads` heads (none: removed), kept where it has one of that
-    shape already (a model hybridized again, or loading). New ones sit on the attention's device and dtype and are
-    initialised by the model's `_init_weights` (the family's normal(`initializer_range`) with zero biases, as
-    hf_attn's GPT-2 family does by default); on the meta device, loading fills or initialises them."""
+def attach_positional_projection(model: nn.Module, attention: nn.Module, positional_heads: Sequence[int]) -> None:
+    """Gives `attention` its `p_attn` for the query heads `positional_heads` (none: removed), kept where it has one
+    for the same heads and widths already (a model hybridized again with other local heads or sinks, or loading); a
+    new one otherwise, on the attention's device and dtype, initialised by the model's `_init_weights` (the family's
+    normal(`initializer_range`) with zero biases, as hf_attn's GPT-2 family does with `initialization="gpt2"`). On
+    the meta device, loading fills or initialises it."""
     config = model.config
-    shape = (2 * num_positional_heads * config.positional_qk_dim, config.positional_encoding_dim)
+    heads = tuple(positional_heads)
+    shape = (2 * len(heads) * config.positional_qk_dim, config.positional_encoding_dim)
     current = getattr(attention, "p_attn", None)
-    if num_positional_heads == 0:
+    if not heads:
         if current is not None:
             del attention.p_attn
         return
-    if current is not None and tuple(current.weight.shape) == shape:
+    if current is not None and tuple(current.weight.shape) == shape and current.query_heads == heads:
         return
     reference = attention.o_proj.weight if hasattr(attention, "o_proj") else attention.c_proj.weight
     attention.p_attn = nn.Linear(shape[1], shape[0], device=reference.device, dtype=reference.dtype)
+    attention.p_attn.query_heads = heads  # the query heads it projects for, in order
     if reference.device.type != "meta":
         model._init_weights(attention.p_attn)
 

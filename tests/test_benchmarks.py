@@ -296,3 +296,42 @@ def test_hybrid_tradeoff_benchmark_measures_every_fraction_for_each_family(tmp_p
         assert all(row["decode_ratio"] > 0 for row in result["rows"])
         assert "| 50% | 4 |" in (tmp_path / "out" / name / "results.md").read_text()
         assert (tmp_path / "out" / name / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_positional_conversion_benchmark_converts_heals_and_rewrites_its_report(tmp_path):
+    """Tiny random Llama (6 query heads over 2 key/value heads, 2 layers): every layout's row, the parameters p_attn
+    adds and the cache a values-only group saves; training p_attn alone lowers the held-out loss and changes the
+    test perplexity; `--stored_only` rewrites results.md byte for byte from results.json."""
+    from benchmarks import positional_conversion
+
+    shared = Path(__file__).parents[2] / "shared" / "data"
+    folder = tmp_path / "out"
+    positional_conversion.main(["--quick", "--data_dir", str(shared / "wikitext-2-raw"), "--tokenizer",
+                                str(shared / "gpt2-tokenizer"), "--output_dir", str(folder)])  # fmt: skip
+    result = json.loads((folder / "results.json").read_text())
+    rows = {row["layout"]: row for row in result["rows"]}
+    assert list(rows) == ["unmodified", *positional_conversion.LAYOUTS]
+    assert {name: row["positional_heads"] for name, row in rows.items()} == dict(
+        unmodified=0, kv_group=6, last_head=2, middle_layer=6
+    )
+    per_head = 2 * 8 * 8 + 2 * 8  # a query and a key row of width 8 from P of width 8, with biases
+    assert {name: row["added_parameters"] for name, row in rows.items()} == dict(
+        unmodified=0, kv_group=6 * per_head, last_head=2 * per_head, middle_layer=6 * per_head
+    )
+    # 2 layers of 2 key/value heads; a group only positional heads read keeps its values, not its keys
+    assert {name: row["cache_ratio"] for name, row in rows.items()} == dict(
+        unmodified=1.0, kv_group=0.75, last_head=1.0, middle_layer=0.75
+    )
+    assert all(row["perplexity_untrained"] != rows["unmodified"]["perplexity_untrained"] for row in result["rows"][1:])
+    healing = rows["kv_group"]["healing"]
+    assert healing["trained_parameters"] == rows["kv_group"]["added_parameters"]
+    assert healing["tokens_seen"] == 12 * 4 * 32 and [point["step"] for point in healing["curve"]] == [0, 4, 8, 12]
+    assert healing["curve"][-1]["validation_loss"] < healing["curve"][0]["validation_loss"] - 0.05
+    assert rows["kv_group"]["perplexity_trained"] != rows["kv_group"]["perplexity_untrained"]
+    assert not any("healing" in row for name, row in rows.items() if name != "kv_group")
+    assert result["protocol"] == "reduced" and set(result["machine"]["at_start"]) == {"uptime", "load_average", "idle"}
+    written = (folder / "results.md").read_bytes()
+    assert b"| kv_group: " in written and b"| 6 of 12 | " in written and b"| 0.750x (96 B) |" in written
+    (folder / "results.md").unlink()
+    positional_conversion.main(["--stored_only", "--output_dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written

@@ -314,6 +314,19 @@ def test_hybridize_draws_new_p_projections_on_the_models_device_and_dtype_and_ke
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters() if name in before)
 
 
+def test_hybridizing_again_keeps_p_attn_for_the_same_positional_heads_and_draws_it_anew_for_others():
+    """A new window or sinks keep the (perhaps trained) projection; other heads made positional, even as many, get a
+    fresh one: it projects for particular heads."""
+    model = positional("llama")
+    kept = model.model.layers[1].self_attn.p_attn
+    hybridize(model, head_layout=LAYOUT, local_window=4, sink_tokens=2)
+    assert model.model.layers[1].self_attn.p_attn is kept
+    moved = [LAYOUT[0], ["positional"] * 4 + ["local", "local", "positional", "global"]]  # still 5 positional heads
+    hybridize(model, head_layout=moved, local_window=4)
+    assert model.model.layers[1].self_attn.p_attn is not kept
+    assert model.model.layers[1].self_attn.p_attn.weight.shape == kept.weight.shape
+
+
 def tiny_numeric_llama(kind: str):
     config_class = HYBRID_TYPES["llama"][0]
     torch.manual_seed(0)

@@ -1,12 +1,13 @@
 """docs/hybrid.md's generated tables from the committed benchmark results: the offline models the hybrid trade-off
-converts, the trade-off per model and window, and the long-context benchmark per model."""
+converts, the trade-off per model and window, the long-context benchmark per model, and what converting a pretrained
+model's heads to positional costs."""
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import hybrid_tradeoff, long_context
-from training.committed_results import DOCS, HYBRID_TRADEOFF, LONG_CONTEXT, ROOT
+from benchmarks import hybrid_tradeoff, long_context, positional_conversion
+from training.committed_results import DOCS, HYBRID_TRADEOFF, LONG_CONTEXT, POSITIONAL_CONVERSION, ROOT
 
 
 def hybrid_pretraining_text() -> str:
@@ -72,3 +73,16 @@ def long_context_block(folder: Path, result: dict, plot: Path) -> str:
         f"**{result['name']}** ([results.json]({plot.parent}/results.json)): {long_context.notes(result)}\n\n"
         f"{long_context.tables(result, '####')}\n![{result['name']}]({plot})\n"
     )
+
+
+def positional_conversion_result() -> dict | None:
+    path = DOCS / POSITIONAL_CONVERSION / "results.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def positional_conversion_text() -> str:
+    """benchmarks/positional_conversion.py's report without its title, its sections a level under docs/hybrid.md's."""
+    result = positional_conversion_result()
+    if result is None:
+        return "No run published yet: `python -m benchmarks.positional_conversion` makes one."
+    return positional_conversion.report(result).split("\n", 2)[2].strip().replace("\n## ", "\n#### ")

@@ -30,6 +30,7 @@ PAPER_B = (FORMAL_PAPER_SIZE, FORMAL_POSITIVES, *PAPER_B_FORMAL, SINUSOIDAL_UNSC
 HYBRID = ("wikitext_llama_cpu",)  # docs/hybrid.md's experiment runs
 HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (a folder per window, `k16`, ...,
 # a folder per model in each) and its models' pretraining
+POSITIONAL_CONVERSION = "positional_conversion"  # benchmarks/positional_conversion.py's results
 LONG_CONTEXT = "long_context"  # benchmarks/long_context.py's results, a folder per model
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports `training.reports` rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import hybrid_tradeoff, long_context
+from benchmarks import hybrid_tradeoff, long_context, positional_conversion
 from hf_attn.experiments import family_named
 from hf_attn.experiments.arguments import experiment_of
 from hf_attn.experiments.runs import load_results
@@ -38,6 +38,8 @@ from training.benchmark_tables import (
     hybrid_tradeoff_tables,
     long_context_runs,
     long_context_tables,
+    positional_conversion_result,
+    positional_conversion_text,
 )
 from training.committed_results import (  # noqa: F401
     DOCS,
@@ -53,6 +55,7 @@ from training.committed_results import (  # noqa: F401
     PAPER_A,
     PAPER_B,
     PAPER_B_FORMAL,
+    POSITIONAL_CONVERSION,
     PUBLISHED,
     ROOT,
     SINUSOIDAL_UNSCALED,
@@ -124,6 +127,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "hybrid-pretraining": hybrid_pretraining_text,
     "hybrid-tradeoff": hybrid_tradeoff_tables,
     "hybrid-long-context": long_context_tables,
+    "positional-conversion": positional_conversion_text,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
@@ -176,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
         hybrid_tradeoff.write_reports(result, folder)
     for folder, result in long_context_runs():
         long_context.write_reports(result, folder)
+    if (result := positional_conversion_result()) is not None:
+        (DOCS / POSITIONAL_CONVERSION / "results.md").write_text(positional_conversion.report(result))
     for page in PAGES:
         page.write_text(splice_tables(page.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")
