@@ -185,12 +185,13 @@ class HybridModelMixin(GenerateWithHfAttnCache, CardSharing):
         super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """Global heads run SDPA, local heads their banded kernel, both behind one attention function."""
+        """Global heads run SDPA, local and positional heads hf_attn's kernels, all behind one attention function."""
         allowed = ("sdpa", HYBRID_ATTENTION)
         if requested_attention is not None and requested_attention not in allowed:
             raise ValueError(
                 unsupported_attention(requested_attention, allowed)
-                + " (hybridized models: both run global heads through SDPA, local heads through hf_attn's kernel)."
+                + " (hybridized models: both run global heads through SDPA, local and positional heads through "
+                "hf_attn's kernels)."
             )
         return HYBRID_ATTENTION
 

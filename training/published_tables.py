@@ -77,6 +77,8 @@ EXPERIMENTS = (
                    ("algorithmic/cpu.yaml",), "algorithmic_cpu"),
     PublishedTable("[algorithmic tasks, longer](results_paper_a.md#algorithmic-tasks-closer-to-paper-as-training)",
                    "algorithmic", ("algorithmic/cpu_long.yaml",), "algorithmic_cpu_long"),
+    PublishedTable("[algorithmic tasks on a Llama](hybrid.md#paper-as-algorithmic-tasks-on-a-llama)", "algorithmic",
+                   ("algorithmic/llama_cpu.yaml",), "algorithmic_llama_cpu"),
     PublishedTable("[offline GPT-2 baseline](results_paper_a.md#the-gpt-2-baseline)", "pretrain_gpt2",
                    ("mixed/gpt2_pretrain_cpu.yaml",), "gpt2_pretraining"),
     PublishedTable("[GPT-2's fine-tuning rate](results_paper_a.md#the-gpt-2-baseline)", "baseline_learning_rate",
