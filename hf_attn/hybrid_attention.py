@@ -46,6 +46,7 @@ class LayerHeads:
                  sink_tokens: int, positional_qk_dim: int | None = None):  # fmt: skip
         self.kinds, self.local_window, self.sink_tokens = tuple(kinds), local_window, sink_tokens
         self.positional_qk_dim = positional_qk_dim
+        self.positional_scale = positional_qk_dim**-0.5 if positional_qk_dim else None
         group_size = len(self.kinds) // num_key_value_heads
         groups = [self.kinds[g * group_size : (g + 1) * group_size] for g in range(num_key_value_heads)]
         # Per key/value head: the kind of the query heads reading it where they are all of one kind; "global" (every
@@ -235,15 +236,15 @@ def positional_heads(module, values: dict, masks: dict, query_rows: torch.Tensor
     from P's rows, one row for the batch unless positions differ by row), their values the data's; those reading
     each kind of key/value head under that kind's mask (None: causal order) over its keys' rows."""
     heads: LayerHeads = module.hf_attn_heads
-    sources, scale = heads.sources["positional"], heads.positional_qk_dim**-0.5
+    sources = heads.sources["positional"]
     queries = positional_projection(module, query_rows, "queries")
-    outputs = {}
+    outputs = []
     for kind, which in source_groups(sources):
         v = per_head(values, [sources[i] for i in which])
         k = positional_projection(module, key_rows[kind], "keys")[:, which]
-        out = positional_attention(queries[:, which], k, v, POSITIONAL_VISIBILITY, masks[kind], scale, dropout)
-        outputs.update(zip(which, out.unbind(1), strict=True))
-    return torch.stack([outputs[i] for i in range(len(sources))], dim=1)
+        outputs.append(positional_attention(queries[:, which], k, v, POSITIONAL_VISIBILITY, masks[kind],
+                                            heads.positional_scale, dropout))  # fmt: skip
+    return in_head_order(outputs, source_groups(sources))
 
 
 def positional_projection(module, rows: torch.Tensor, part: str) -> torch.Tensor:
@@ -261,6 +262,14 @@ def source_groups(sources: list[tuple[str, int]]) -> list[tuple[str, list[int]]]
     """A kind's heads grouped by the kind of key/value head they read: (kind read, the heads' indices)."""
     kinds = dict.fromkeys(kind for kind, _ in sources)
     return [(kind, [i for i, (source, _) in enumerate(sources) if source == kind]) for kind in kinds]
+
+
+def in_head_order(outputs: list[torch.Tensor], groups: list[tuple[str, list[int]]]) -> torch.Tensor:
+    """(B, H_kind, T, D): outputs computed group by group (`source_groups`) put back in the kind's head order; one
+    group, or groups already in order, as they are."""
+    order = [i for _, which in groups for i in which]
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return out if order == sorted(order) else out[:, sorted(range(len(order)), key=order.__getitem__)]
 
 
 def placed_attention(
@@ -310,14 +319,14 @@ def local_heads_placed(query, keys: dict, values: dict, masks: dict, heads: Laye
     """(B, H_local, T, D): the local heads over a static cache, those reading each kind of key/value head under that
     kind's mask, each query's window and sinks counted along it (`local_visible`)."""
     local, sources = heads.heads["local"], heads.sources["local"]
-    outputs = {}
+    outputs = []
     for kind, which in source_groups(sources):
         reading = [sources[i] for i in which]
         k, v = per_head(keys, reading), per_head(values, reading)
         mask = local_visible(masks[kind], heads.visibility)
-        out = local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling, dropout)
-        outputs.update(zip(which, out.unbind(1), strict=True))
-    return torch.stack([outputs[i] for i in range(len(sources))], dim=1)
+        outputs.append(local_attention(query[:, [local[i] for i in which]], k, v, heads.visibility, mask, scaling,
+                                       dropout))  # fmt: skip
+    return in_head_order(outputs, source_groups(sources))
 
 
 def first_and_last_index(keys: dict, attention_mask, prefix: int, num_queries: int) -> tuple[dict, torch.Tensor]:
@@ -383,7 +392,7 @@ def attention_with_weights(
         positional = torch.tensor(heads.heads["positional"], device=query.device)
         pq = positional_projection(module, rows[0], "queries")
         pk = positional_projection(module, rows[1][:, -num_keys:], "keys")
-        p_scores = torch.matmul(pq, pk.transpose(-1, -2)).float() * heads.positional_qk_dim**-0.5
+        p_scores = torch.matmul(pq, pk.transpose(-1, -2)).float() * heads.positional_scale
         scores = scores.index_copy(1, positional, p_scores.expand(scores.shape[0], -1, -1, -1))
     weights = masked_softmax(scores, mask).to(query.dtype)
     out = torch.matmul(torch.nn.functional.dropout(weights, dropout), v)

@@ -92,10 +92,8 @@ def attach_positional_projection(model: nn.Module, attention: nn.Module, positio
     if current is not None and tuple(current.weight.shape) == shape and current.query_heads == heads:
         return
     reference = attention.o_proj.weight if hasattr(attention, "o_proj") else attention.c_proj.weight
-    attention.p_attn = nn.Linear(shape[1], shape[0], device=reference.device, dtype=reference.dtype)
+    attention.p_attn = new_linear(model, shape[1], shape[0], reference)
     attention.p_attn.query_heads = heads  # the query heads it projects for, in order
-    if reference.device.type != "meta":
-        model._init_weights(attention.p_attn)
 
 
 def attach_numeric_embedding(model: nn.Module) -> None:
@@ -107,10 +105,16 @@ def attach_numeric_embedding(model: nn.Module) -> None:
         return
     if hasattr(base, "wne"):
         return
-    reference = base.get_input_embeddings().weight
-    base.wne = nn.Linear(1, model.config.hidden_size, device=reference.device, dtype=reference.dtype)
+    base.wne = new_linear(model, 1, model.config.hidden_size, base.get_input_embeddings().weight)
+
+
+def new_linear(model: nn.Module, in_features: int, out_features: int, reference: torch.Tensor) -> nn.Linear:
+    """A linear layer on `reference`'s device and dtype, drawn by the model's `_init_weights`; left to loading on the
+    meta device."""
+    linear = nn.Linear(in_features, out_features, device=reference.device, dtype=reference.dtype)
     if reference.device.type != "meta":
-        model._init_weights(base.wne)
+        model._init_weights(linear)
+    return linear
 
 
 def numbers_embedded(model: nn.Module, args: tuple, kwargs: dict) -> dict:
