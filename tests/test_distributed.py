@@ -1,5 +1,5 @@
-"""The training scripts under `torchrun` and `accelerate launch` (2 CPU processes, gloo), the accelerate configs in
-configs/accelerate/, and Trainer's `report_to="tensorboard"`."""
+"""The training scripts under `torchrun` and `accelerate launch` (2 CPU processes, gloo), the DDP config in
+configs/accelerate/, and Trainer's `report_to="tensorboard"`. FSDP2: test_fsdp.py."""
 
 import json
 import os
@@ -9,22 +9,18 @@ from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
-from accelerate.commands.launch import launch_command_parser
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from conftest import tiny_config
+from accelerate.utils import DistributedType
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch.distributed.fsdp import StateDictType
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Trainer, TrainingArguments
+from transformers import AutoModelForTokenClassification, Trainer, TrainingArguments
 
 import training.algorithmic as algorithmic
 from hf_attn import load_metric
 from hf_attn.data import algorithmic_dataset
 from hf_attn.experiments import TEST_SEED, InMemoryDataset
-from hf_attn.layers_hf_attn import BLOCKS
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = "configs/algorithmic/min_cpu.yaml"
-DDP, FSDP = ROOT / "configs/accelerate/ddp.yaml", ROOT / "configs/accelerate/fsdp.yaml"
+DDP = ROOT / "configs/accelerate/ddp.yaml"
 # test_training_algorithmic's TINY: 200 samples in batches of 50 per process, 2 epochs. One process takes
 # 200 / 50 = 4 steps an epoch; two split each epoch's samples, 2 steps each.
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
@@ -107,39 +103,7 @@ def test_report_to_tensorboard_logs_the_training_loss(tmp_path):
     assert logged == [(step, pytest.approx(loss, rel=1e-6)) for step, loss in expected]
 
 
-def test_accelerate_configs_load_with_known_keys():
-    known = {action.dest for action in launch_command_parser()._actions}
-    ddp, fsdp = load_config_from_file(str(DDP)), load_config_from_file(str(FSDP))
-    assert ddp.distributed_type == DistributedType.MULTI_GPU and fsdp.distributed_type == DistributedType.FSDP
-    assert ddp.mixed_precision == fsdp.mixed_precision == "no" and ddp.num_machines == fsdp.num_machines == 1
-    # accelerate launch copies fsdp_config's keys onto its arguments without checking them: a misspelt key is ignored
-    assert set(fsdp.fsdp_config) <= known, set(fsdp.fsdp_config) - known
-    assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
-
-
-def test_fsdp_config_wraps_each_block_and_gathers_full_weights(tmp_path, monkeypatch):
-    """What `accelerate launch --config_file fsdp.yaml` hands the processes, read back by accelerate's FSDP plugin
-    (building and running FSDP needs GPUs)."""
-    dump = tmp_path / "dump_env.py"
-    dump.write_text("import json, os, sys\njson.dump(dict(os.environ), open(sys.argv[1], 'w'))\n")
-    launch("accelerate.commands.launch", "--config_file", str(FSDP), "--num_processes", "1",
-           "--main_process_port", "0", str(dump), str(tmp_path / "env.json"))  # fmt: skip
-    env = json.loads((tmp_path / "env.json").read_text())
-    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT"
-    for name, value in env.items():
-        if name.startswith("FSDP_"):
-            monkeypatch.setenv(name, value)
-    monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "false")  # true needs a GPU to build the plugin
-
-    def wrapped(block_style: str) -> list[str]:
-        model = AutoModelForCausalLM.from_config(tiny_config("positional_gpt2", block_style=block_style))
-        plugin = FullyShardedDataParallelPlugin()
-        assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.fsdp_version == 1
-        plugin.set_auto_wrap_policy(model)
-        return [n for n, m in model.named_modules() if plugin.auto_wrap_policy(m, recurse=False, nonwrapped_numel=0)]
-
-    for style in BLOCKS:  # each model names its own block class, so one config serves every block style
-        assert wrapped(style) == ["transformer.h.0", "transformer.h.1"], style
-    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "PostLNBlock")  # naming a class the model lacks fails loudly
-    with pytest.raises(ValueError, match="Could not find the transformer layer class PostLNBlock"):
-        wrapped("concat_mlp")
+def test_the_ddp_config_loads():
+    """(configs/accelerate/fsdp2.yaml is run and read back in test_fsdp.py.)"""
+    ddp = load_config_from_file(str(DDP))
+    assert ddp.distributed_type == DistributedType.MULTI_GPU and ddp.mixed_precision == "no" and ddp.num_machines == 1

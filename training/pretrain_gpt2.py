@@ -35,6 +35,7 @@ from transformers import (
 from hf_attn.data.wikitext import language_modelling_blocks, read_text_file, tokenize_text
 from hf_attn.experiments import InMemoryDataset, Run, cli, parse_config, perplexity, pretrained_problems, say
 from hf_attn.experiments.arguments import below, invalid_configuration
+from hf_attn.experiments.finishing import save_model_folder
 from hf_attn.experiments.runs import TRAINING_FIELDS, arguments_record, claim_runs, machine_state, run_arguments
 from training import CONFIGS
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     totals = run.train(trainer, args.resume)
     held_out = perplexity(model, token_ids[split:], context_length=args.block_size, stride=args.block_size // 2)
     model.config.use_cache = True
-    trainer.save_model(str(run.model_folder))
+    save_model_folder(trainer, str(run.model_folder))  # every process: under FSDP they gather the weights
     tokenizer.save_pretrained(run.model_folder)
     run.write_results({
         "model": args.architecture, "seed": run.seed, "parameters": model.num_parameters(),

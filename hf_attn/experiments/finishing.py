@@ -55,13 +55,39 @@ def finish_run(run: Run, trained: Trained, fields: dict, facts: CardFactsOf) -> 
         "parameters": model.num_parameters(), **trained.totals, "processes": trainer.args.world_size,
         "machine": machine_state(), **fields, **trained.fields, "config": run.settings, "by_scale": trained.by_scale,
     }  # fmt: skip
-    trainer.save_model(str(run.model_folder))  # every process calls it: under FSDP they gather the weights together
+    save_model_folder(trainer, str(run.model_folder))  # every process calls it: under FSDP they gather the weights
     if trainer.is_world_process_zero():
         if trained.tokenizer is not None:
             trained.tokenizer.save_pretrained(run.model_folder)
         record = json.loads(json.dumps(results, default=json_default))
         write_model_card(run.model_folder, record, model.config, facts(record))
     return results
+
+
+def save_model_folder(trainer: Trainer, folder: str) -> None:
+    """Saves the trained model as an ordinary model folder (`from_pretrained` loads it). Every process must call it.
+    Under FSDP with sharded checkpoints (configs/accelerate/fsdp2.yaml) Trainer's `save_model` writes nothing: there
+    the processes gather the full weights together and the main one saves them."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if plugin is None or "SHARDED_STATE_DICT" not in str(plugin.state_dict_type):
+        trainer.save_model(folder)
+        return
+    try:
+        from torch.distributed.fsdp import FSDPModule  # FSDP2's wrapper, public since torch 2.6
+    except ImportError:  # older torch has FSDP1 only, which unwraps to the model's own class
+        FSDPModule = ()
+    state_dict = trainer.accelerator.get_state_dict(trainer.model)  # full on the main process, empty elsewhere
+    if not trainer.args.should_save:
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # Workaround: FSDP2 gives the model a class of its own, "FSDP" + its name, defined in torch; save_pretrained
+    # would copy that file as the model's remote code and name it in `auto_map`. Saved as its own class, it is not.
+    sharded_class = type(model)
+    model.__class__ = next(c for c in sharded_class.__mro__ if not issubclass(c, FSDPModule))
+    try:
+        model.save_pretrained(folder, state_dict=state_dict)
+    finally:
+        model.__class__ = sharded_class
 
 
 def machine_state() -> dict:
