@@ -2,7 +2,9 @@
 as "hf_attn_hybrid": each layer's query heads split by kind (`LayerHeads`), global heads through SDPA over the mask
 transformers built, local heads through hf_attn's banded kernel (with sinks), positional heads through hf_attn's
 positional kernel (weights from P's rows, which the model's forward looks up once for every layer), or, from a static
-cache's slots, over keys placed by index.
+cache's slots, over keys placed by index. `attn_implementation="eager"` picks its written-out twin,
+"hf_attn_hybrid_eager": softmax(Q K^T) V over every head's own mask, the weights returned, as transformers' eager
+attention is to its SDPA.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from .cache_hf_attn import KEY_INDEX, model_window
 from .visibility_hf_attn import Visibility, local_visible, visibility_mask
 
 HYBRID_ATTENTION = "hf_attn_hybrid"  # its name in transformers' attention and mask interfaces
+HYBRID_EAGER = "hf_attn_hybrid_eager"  # every head written out
+# The `attn_implementation` values a hybridized model takes, and the attention function each stands for.
+HYBRID_IMPLEMENTATIONS = {"sdpa": HYBRID_ATTENTION, "eager": HYBRID_EAGER}
 # The keyword argument that asks `hybrid_attention` for its weights: the families pass unknown keyword arguments down
 # to the attention function, but GPT-2 drops `output_attentions` on the way.
 RETURN_WEIGHTS = "hf_attn_return_weights"
@@ -140,6 +145,14 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
         outputs.append(positional_heads(module, values, masks, rows[0], key_rows, dropout))
     out = torch.cat(outputs, dim=1)[:, heads.order]
     return out.transpose(1, 2), None
+
+
+def hybrid_attention_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                           **kwargs):  # fmt: skip
+    """`attn_implementation="eager"`: every head written out, its weights returned (`attention_with_weights`), as
+    transformers' eager attention; the same cache, masks and kinds as `hybrid_attention`."""
+    kwargs[RETURN_WEIGHTS] = True
+    return hybrid_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
 def global_heads(module, query, keys: dict, values: dict, attention_mask, scaling: float, dropout: float):
@@ -422,4 +435,6 @@ def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = 
 
 
 AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(HYBRID_ATTENTION, sdpa_mask)  # boolean masks, None where causal order suffices
+AttentionInterface.register(HYBRID_EAGER, hybrid_attention_eager)
+for name in HYBRID_IMPLEMENTATIONS.values():  # boolean masks, None where causal order suffices
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)

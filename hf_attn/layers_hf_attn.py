@@ -23,7 +23,9 @@ from .position_encodings_hf_attn import apply_rotary, fixed_table
 class FixedTable(nn.Module):
     """A fixed encoding table looked up by position (sinusoidal residual positions, fixed P).
 
-    Non-persistent: nothing to save, and `_init_weights` refills it after `from_pretrained` builds on meta.
+    Non-persistent: nothing to save, and `_init_weights` refills it after `from_pretrained` builds on meta. Held in
+    the dtype the model is built in (`from_pretrained(dtype=...)`, `from_config(dtype=...)` set the default dtype
+    meanwhile; `model.to(dtype)` casts it), as every parameter: its rows meet bfloat16 or float16 weights directly.
     """
 
     def __init__(self, kind: str, num_positions: int, dim: int):
@@ -32,7 +34,7 @@ class FixedTable(nn.Module):
         self.register_buffer("table", self.build(num_positions, dim), persistent=False)
 
     def build(self, num_positions: int, dim: int) -> torch.Tensor:
-        return fixed_table(self.kind, num_positions, dim)
+        return fixed_table(self.kind, num_positions, dim).to(torch.get_default_dtype())
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]
@@ -410,19 +412,19 @@ class PreLNBlock(GradientCheckpointingLayer):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = HfAttnMLP(config, config.n_embd)
 
-    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
-        attn_output, weights = self.attn(self.ln_1(hidden_states), inputs, cache_layer, output_attentions)
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False) -> torch.Tensor:
+        attn_output, _ = self.attn(self.ln_1(hidden_states), inputs, cache_layer, output_attentions)
         hidden_states = hidden_states + attn_output
-        return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
 
 
 class PostLNBlock(PreLNBlock):
     """Paper B: `LN(x + attn(x))`, then `LN(x + mlp(x))`."""
 
-    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
-        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False) -> torch.Tensor:
+        attn_output, _ = self.attn(hidden_states, inputs, cache_layer, output_attentions)
         hidden_states = self.ln_1(hidden_states + attn_output)
-        return self.ln_2(hidden_states + self.mlp(hidden_states)), weights
+        return self.ln_2(hidden_states + self.mlp(hidden_states))
 
 
 class NoLayerNormBlock(GradientCheckpointingLayer):
@@ -433,10 +435,10 @@ class NoLayerNormBlock(GradientCheckpointingLayer):
         self.attn = HfAttnAttention(config, layer_idx)
         self.mlp = HfAttnMLP(config, config.n_embd)
 
-    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
-        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False) -> torch.Tensor:
+        attn_output, _ = self.attn(hidden_states, inputs, cache_layer, output_attentions)
         hidden_states = hidden_states + attn_output
-        return hidden_states + self.mlp(hidden_states), weights
+        return hidden_states + self.mlp(hidden_states)
 
 
 class ConcatMLPBlock(GradientCheckpointingLayer):
@@ -447,9 +449,9 @@ class ConcatMLPBlock(GradientCheckpointingLayer):
         self.attn = HfAttnAttention(config, layer_idx)
         self.mlp = HfAttnMLP(config, 2 * config.n_embd)
 
-    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False):
-        attn_output, weights = self.attn(hidden_states, inputs, cache_layer, output_attentions)
-        return self.mlp(torch.cat([hidden_states, attn_output], dim=-1)), weights
+    def forward(self, hidden_states, inputs, cache_layer=None, output_attentions=False) -> torch.Tensor:
+        attn_output, _ = self.attn(hidden_states, inputs, cache_layer, output_attentions)
+        return self.mlp(torch.cat([hidden_states, attn_output], dim=-1))
 
 
 BLOCKS = {"gpt2": PreLNBlock, "post_ln": PostLNBlock, "concat_mlp": ConcatMLPBlock, "no_layernorm": NoLayerNormBlock}

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .cache_hf_attn import GenerateWithHfAttnCache, cache_to_use, past_and_mask, widened_to_slots
 from .configuration_hf_attn import HfAttnConfig, HybridGPT2Config, LocalGPT2Config, PositionalGPT2Config
@@ -50,6 +51,14 @@ class HfAttnPreTrainedModel(CardSharing, PreTrainedModel):
     # the padded batch's outputs, however long the row (tests/test_masks.py).
     _supports_attention_backend = False
     _can_compile_fullgraph = True
+    # `output_hidden_states` and `output_attentions` are captured as transformers' models capture them
+    # (`capture_outputs`): each block's output and each attention layer's weights (its output 1), so a selection
+    # (`output_hidden_states=[0, -1]`) keeps only the layers it names. `output_attentions` still reaches the layers,
+    # which compute weights only when asked.
+    _can_record_outputs = {
+        "hidden_states": list(dict.fromkeys(BLOCKS.values())),
+        "attentions": HfAttnAttention,
+    }
 
     def __init__(self, config: HfAttnConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
@@ -161,7 +170,7 @@ class HfAttnModel(HfAttnPreTrainedModel):
             positional_encoding=getattr(self, "wpp", None), rotary=rotary,
         )  # fmt: skip
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -173,7 +182,6 @@ class HfAttnModel(HfAttnPreTrainedModel):
         numeric_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         r"""
@@ -192,8 +200,6 @@ class HfAttnModel(HfAttnPreTrainedModel):
         """
         cache = kwargs.pop("past_key_values", cache)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
         length = check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)
         pair_mask = None
         if attention_mask is not None and attention_mask.dim() == 4:
@@ -220,23 +226,10 @@ class HfAttnModel(HfAttnPreTrainedModel):
             attention_mask, position_ids, key_position_ids, keys_in_order, pair_mask, past_length, unpadded
         )
 
-        all_hidden_states, all_attentions = [], []
         for layer_idx, block in enumerate(self.h):
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
             cache_layer = cache.layers[layer_idx] if cache is not None else None
-            hidden_states, weights = block(hidden_states, inputs, cache_layer, output_attentions)
-            all_attentions.append(weights)
-        hidden_states = self.ln_f(hidden_states)
-        if output_hidden_states:
-            all_hidden_states.append(hidden_states)
-
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            cache=cache if use_cache else None,
-            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
-        )
+            hidden_states = block(hidden_states, inputs, cache_layer, output_attentions)
+        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states), cache=cache if use_cache else None)
 
 
 # --- heads -----------------------------------------------------------------------------------------------------

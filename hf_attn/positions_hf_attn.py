@@ -88,4 +88,6 @@ def query_and_key_positions(
         key_position_ids, keys_in_order = position_ids, False
         if attention_mask is None and pair_mask is None and (tracing() or answers["restarts"]):
             pair_mask = same_document_pairs(position_ids)
+    if num_keys is not None and key_position_ids.shape[-1] < num_keys:  # a static cache's empty slots: hidden
+        key_position_ids = torch.nn.functional.pad(key_position_ids, (0, num_keys - key_position_ids.shape[-1]))
     return position_ids.view(-1, length), key_position_ids, keys_in_order, pair_mask

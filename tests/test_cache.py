@@ -246,3 +246,38 @@ def test_a_static_cache_longer_than_the_position_tables_decodes(model_type):
     expected = greedy_by_recomputing(model, prompt, torch.ones_like(prompt), steps=6)
     cache = HfAttnCache(model.config, max_cache_len=70)
     assert torch.equal(model.generate(prompt, cache=cache, max_new_tokens=6, **GREEDY), expected)
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_generate_returns_gpt2s_attentions_and_hidden_states_at_every_step(cache_implementation):
+    """`generate(output_attentions=True, output_hidden_states=True)`: at every step, the prompt's included, the shapes
+    GPT-2 gives (weights over every slot of a static cache) and, for GPT-2's weights in a global-only layout, its
+    values; then for every type and kinds mixed, the prompt's weights over a static cache are the whole prompt's,
+    0 in the slots after it."""
+    gpt2 = GPT2LMHeadModel(GPT2Config(**GPT2_FIELDS, attn_implementation="eager")).eval()
+    model = convert_gpt2(gpt2, "hybrid_gpt2", num_local_heads=0, attend_to_self=True)
+    _, input_ids, attention_mask = left_padded_prompts()
+    generate = dict(attention_mask=attention_mask, max_new_tokens=3, cache_implementation=cache_implementation,
+                    output_attentions=True, output_hidden_states=True, return_dict_in_generate=True,
+                    **GREEDY)  # fmt: skip
+    expected, got = gpt2.generate(input_ids, **generate), model.generate(input_ids, **generate)
+    assert torch.equal(got.sequences, expected.sequences)
+    real = attention_mask.bool()
+    prompt_rows = {"attentions": real[:, None, :, None], "hidden_states": real[..., None]}
+    for outputs, real in prompt_rows.items():  # padding's rows see nothing real: left aside
+        for step, (got_step, expected_step) in enumerate(zip(getattr(got, outputs), getattr(expected, outputs),
+                                                             strict=True)):  # fmt: skip
+            for got_layer, expected_layer in zip(got_step, expected_step, strict=True):
+                assert got_layer.shape == expected_layer.shape, (outputs, step)
+                kept = real if step == 0 else True
+                torch.testing.assert_close(got_layer * kept, expected_layer * kept, atol=1e-5, rtol=0)
+    for model_type in MODEL_TYPES:
+        model = mixed_model() if model_type == "hybrid_gpt2" else generation_model(model_type)
+        with torch.no_grad():
+            whole = model(input_ids, attention_mask=attention_mask, output_attentions=True).attentions
+        got = model.generate(input_ids, **{**generate, "cache_implementation": "static"})
+        width = got.attentions[-1][0].shape[-1]
+        for prompt_weights, whole_weights in zip(got.attentions[0], whole, strict=True):
+            assert prompt_weights.shape[-1] == width > whole_weights.shape[-1], model_type
+            torch.testing.assert_close(prompt_weights[..., : input_ids.shape[1]], whole_weights)
+            assert not prompt_weights[..., input_ids.shape[1] :].any()

@@ -544,11 +544,20 @@ def test_bad_input_is_refused_naming_what_is_allowed(make, arguments, message):
         hybridize(make(), **arguments)
 
 
-def test_attn_implementations_other_than_sdpa_are_refused():
+def test_attn_implementation_takes_sdpa_and_eager_and_refuses_the_others():
+    """"eager" writes every head out (tests/test_half_precision.py compares it with "sdpa"); a model loaded eager
+    stays eager once hybridized; anything else is refused in transformers' words."""
     model = hybridize(tiny("llama"), num_local_heads=4)
-    for implementation in ("eager", "foo"):
+    assert model.config._attn_implementation == "hf_attn_hybrid"
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "hf_attn_hybrid_eager"
+    eager = tiny("llama")
+    eager.set_attn_implementation("eager")
+    assert hybridize(eager, num_local_heads=4).config._attn_implementation == "hf_attn_hybrid_eager"
+    for implementation in ("foo", "flex_attention"):
         expected = f'Specified `attn_implementation="{implementation}"` is not supported. The only possible arguments '
-        with pytest.raises(ValueError, match=re.escape(expected + 'are `attn_implementation="sdpa"`')):
+        allowed = 'are `attn_implementation="sdpa"`, `attn_implementation="eager"`'
+        with pytest.raises(ValueError, match=re.escape(expected + allowed)):
             model.set_attn_implementation(implementation)
 
 
