@@ -434,3 +434,27 @@ def test_a_registered_head_kind_function_refuses_a_module_without_such_heads():
     q = torch.zeros(1, 1, 2, 4)
     with pytest.raises(ValueError, match="hf_attn_positional.*positional heads"):
         ALL_ATTENTION_FUNCTIONS["hf_attn_positional"](torch.nn.Linear(1, 1), q, q, q, None, scaling=1.0)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_outputs_are_captured_as_transformers_captures_them(model_type):
+    """transformers' `capture_outputs`: n_layer + 1 hidden states (the block inputs, then the final norm's output),
+    n_layer weights, in a dict or a tuple; `output_hidden_states` as indices keeps only those, negative ones counted
+    from the end, the others None; the config's flags ask as the arguments do."""
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, n_layer=3)).eval()
+    input_ids = torch.randint(3, 37, (2, 7))
+    with torch.no_grad():
+        every = model(input_ids, output_hidden_states=True, output_attentions=True)
+        selected = model(input_ids, output_hidden_states=[0, -2])
+        as_tuple = model(input_ids, output_hidden_states=True, return_dict=False)
+        model.config.output_hidden_states = True
+        from_config = model(input_ids)
+    assert len(every.hidden_states) == 4 and len(every.attentions) == 3
+    assert all(w.shape == (2, 4, 7, 7) for w in every.attentions)
+    torch.testing.assert_close(every.hidden_states[-1], model.transformer(input_ids).last_hidden_state)
+    assert [h is not None for h in selected.hidden_states] == [True, False, True, False]
+    for index in (0, 2):
+        torch.testing.assert_close(selected.hidden_states[index], from_config.hidden_states[index])
+    assert isinstance(as_tuple, tuple) and len(as_tuple[-1]) == 4  # logits, cache, hidden states
+    torch.testing.assert_close(as_tuple[0], from_config.logits)
+    assert selected.attentions is None and len(from_config.hidden_states) == 4
