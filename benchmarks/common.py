@@ -22,6 +22,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 
 import hf_attn  # noqa: F401  (registers the model types)
 from hf_attn.attention_hf_attn import Visibility, masked_sdpa, visibility_mask
+from hf_attn.data.wikitext import WIKITEXT_FILES
+from hf_attn.hub import hub_offline
 from hf_attn.layers_hf_attn import HfAttnAttention
 
 
@@ -207,6 +209,25 @@ def command_line_parser(module: str, description: str | None) -> argparse.Argume
     return argparse.ArgumentParser(
         prog=f"python -m {module}", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def below_minimum(args: argparse.Namespace, minimums: dict[str, float]) -> list[str]:
+    """`--NAME must be >= MIN, got VALUE` for each argument of `args` below its minimum (one left at None is not
+    checked: its default applies)."""
+    return [f"--{name} must be >= {minimum}, got {value}" for name, minimum in minimums.items()
+            if (value := getattr(args, name)) is not None and value < minimum]  # fmt: skip
+
+
+def data_dir_problems(data_dir: str) -> list[str]:
+    """What is wrong with a benchmark's `--data_dir` (a WikiText-2 folder, or '' for the Hub), found before any model
+    loads: a folder that is not there, or the Hub while it is offline."""
+    if data_dir and not Path(data_dir).is_dir():
+        return [f"--data_dir must be a folder of {', '.join(WIKITEXT_FILES.values())} (WikiText-2 raw) or '' for "
+                f"the Hub, got {data_dir} (no such folder)"]  # fmt: skip
+    if not data_dir and hub_offline():
+        return ["--data_dir '' reads WikiText-2 from the Hub, which is offline (HF_HUB_OFFLINE): name a folder, e.g. "
+                "../shared/data/wikitext-2-raw"]  # fmt: skip
+    return []
 
 
 def write_report_and_plot(

@@ -38,13 +38,14 @@ import functools
 import itertools
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import describe_machine
+from benchmarks.common import below_minimum, data_dir_problems, describe_machine
 from benchmarks.hybrid_tradeoff import run_name
 from benchmarks.long_context_configs import SCORE_NAMES, UNIT, UNMODIFIED, Config, layout_for, score_groups
 from benchmarks.long_context_quality import passkey_answers, quality
@@ -61,7 +62,7 @@ from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, timing_pairs
 from hf_attn import hybridize
 from hf_attn.data.passkey import PROMPT_FORMATS, passkey_prompts
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
-from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer
+from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer, source_argument
 from hf_attn.select_heads import units_per_layer
 
 # Here: the command line and the sweep. Its parts: long_context_configs (what is measured, and the head layout
@@ -75,13 +76,14 @@ __all__ = ["Config", "argument_problems", "main", "notes", "parse_args", "passke
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("model", help="a Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model: Hub id, folder, .gguf file or a short "
-        f"name of hf_attn.pretrained ({', '.join(PACKAGED_MODELS)})")  # fmt: skip
+    add("model", type=source_argument, help="a Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model: Hub id, folder, "
+        f".gguf file or a short name of hf_attn.pretrained ({', '.join(PACKAGED_MODELS)})")  # fmt: skip
     add("--dtype", choices=list(DTYPES), default="bfloat16", help="every model's, the unmodified one's too "
         "(bfloat16: about 1.6x faster than float32 on a 2-core CPU)")  # fmt: skip
     add("--timing_dtype", choices=list(DTYPES), default="float32", help="the timed models' (the unmodified one's too): "
         "a CPU decodes fastest in float32, whose attention at 2K of context is 1.4x bfloat16's speed here")  # fmt: skip
-    add("--device", default="cpu", help="where scores, passkeys and perplexity run (cuda: a GPU); timing is the CPU's")
+    add("--device", default="cpu", help="where scores, passkeys and perplexity run: cpu, cuda or cuda:N; timing is the "
+        "CPU's")  # fmt: skip
     add("--data_dir", default="../shared/data/wikitext-2-raw", help="folder of wiki.{valid,test}.raw; '' for the Hub")
     add("--local_windows", type=int, nargs="+", default=[64, 256], help="k: previous tokens a local head sees")
     add("--sink_tokens", type=int, nargs="+", default=[0, 4], help="first tokens local heads also see")
@@ -131,27 +133,27 @@ def argument_problems(args) -> list[str]:
         problems.append(f"--fractions must be in [0, 1], got {args.fractions}")
     if any(not 0 <= d <= 1 for d in args.passkey_depths):
         problems.append(f"--passkey_depths must be in [0, 1], got {args.passkey_depths}")
-    if min(args.local_windows) < 1 or min(args.sink_tokens) < 0:
-        problems.append(f"need --local_windows >= 1 and --sink_tokens >= 0, got {args.local_windows}, "
-                        f"{args.sink_tokens}")  # fmt: skip
+    if min(args.local_windows) < 1:
+        problems.append(f"--local_windows must be >= 1, got {args.local_windows}")
+    if min(args.sink_tokens) < 0:
+        problems.append(f"--sink_tokens must be >= 0, got {args.sink_tokens}")
+    if min(args.passkey_lengths) < 1:
+        problems.append(f"--passkey_lengths must be >= 1, got {args.passkey_lengths}")
     if args.calibration_block_size <= max(args.local_windows) + 1:
         problems.append(f"--calibration_block_size must exceed the widest window + 1 ({max(args.local_windows) + 1})"
                         f", got {args.calibration_block_size}")  # fmt: skip
-    counts = dict(calibration_blocks=args.calibration_blocks, score_batch_size=args.score_batch_size,
-                  keys_per_depth=args.keys_per_depth, new_tokens=args.new_tokens,
-                  passkey_batch_size=args.passkey_batch_size, ppl_blocks=args.ppl_blocks,
-                  prefill_context=args.prefill_context, timing_repeats=args.timing_repeats,
-                  threads=1 if args.threads is None else args.threads)  # fmt: skip
-    problems += [f"--{name} must be >= 1, got {value}" for name, value in counts.items() if value < 1]
-    if args.ppl_block_size < 2:
-        problems.append(f"--ppl_block_size must be >= 2, got {args.ppl_block_size}")
+    counts = ("calibration_blocks", "score_batch_size", "keys_per_depth", "new_tokens", "passkey_batch_size",
+              "ppl_blocks", "prefill_context", "timing_repeats", "threads")  # fmt: skip
+    problems += below_minimum(args, dict.fromkeys(counts, 1) | {"ppl_block_size": 2})
     if not WARM_UP_STEPS < args.decode_steps < args.timing_context:
         problems.append(f"--decode_steps must be in ({WARM_UP_STEPS}, --timing_context), got {args.decode_steps}")
     if "random" in args.scores and not args.random_seeds:
         problems.append("--random_seeds must name a seed when --scores has random")
-    if args.device.startswith("cuda") and not (torch.cuda.is_available() or args.stored_only or args.timing_only):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    elif args.device.startswith("cuda") and not (torch.cuda.is_available() or args.stored_only or args.timing_only):
         problems.append(f"--device {args.device} needs a GPU that torch sees; use cpu")
-    return problems
+    return problems + ([] if args.timing_only else data_dir_problems(args.data_dir))  # timing reads no text
 
 
 def load(model: str, dtype: str, device: str = "cpu") -> tuple:

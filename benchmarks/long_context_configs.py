@@ -8,7 +8,7 @@ import torch
 
 from benchmarks.hybrid_tradeoff import random_layout
 from hf_attn import hybridize
-from hf_attn.select_heads import SCORES, choose_layout, units_per_layer
+from hf_attn.select_heads import SCORES, choose_layout, score_named, units_per_layer
 
 SCORE_NAMES = ("random", *SCORES)  # `random` needs no score
 UNIT = "kv_group"  # only a group no global head reads shrinks the cache
@@ -41,10 +41,11 @@ UNMODIFIED = Config()
 
 def score_groups(name: str, model, calibration: torch.Tensor, window: int, sinks: int, args, tokenizer) -> dict:
     """`select_heads.SCORES[name]` for (k, S), and how long it took."""
+    score = score_named(name)
     hybridize(model, local_window=window, sink_tokens=sinks)  # every head global; returns attention weights (`mass`)
     start = time.perf_counter()
-    scores = SCORES[name](model, calibration, local_window=window, sink_tokens=sinks, batch_size=args.score_batch_size,
-                          unit=UNIT, tokenizer=tokenizer)  # fmt: skip
+    scores = score(model, calibration, local_window=window, sink_tokens=sinks, batch_size=args.score_batch_size,
+                   unit=UNIT, tokenizer=tokenizer)  # fmt: skip
     return {"scores": scores.tolist(), "score_seconds": time.perf_counter() - start}
 
 

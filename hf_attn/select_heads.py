@@ -4,26 +4,29 @@
         [--data FILE] [--output layout.json]
 
 MODEL is a Hub id, a local folder, a `.gguf` file or a folder holding one (`hf_attn.pretrained`).
-    hf_attn.hybridize(model, head_layout=json.load(open("layout.json"))["head_layout"], local_window=64)
+    hf_attn.select_heads.apply_layout(model, "layout.json")  # hybridized; its card says how the layout was chosen
 
-Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are for
-SmolLM2-135M (30 layers x 3 key/value groups) at the command's defaults (16 blocks of 512 tokens), on an idle 2-core
-CPU; docs/hybrid.md compares the layouts they choose.
+Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are in
+forward passes at the command's defaults (16 calibration blocks of 512 tokens, `--batch_size` 4) for SmolLM2-135M
+(30 layers x 3 key/value groups = 90 units); the output file records each run's own (`cost`). docs/hybrid.md's
+long-context run on SmolLM2-135M-Instruct compares the layouts they choose and records their times with 4 blocks of
+1,024 tokens, one a batch: on an H200 `loss` 18-23 s, `gate` 6-9 s, `mass` and `retrieval` under a second; on a
+2-core CPU `gate` 13 minutes (load 3.8).
 
 - `loss` (the default): how much the language-modelling loss on the calibration text rises when that head (or
   key/value group) alone is made local. It measures the model's predictions, but on natural text, where few tokens
   need anything far back, so it keeps fewer of the heads that retrieve than `gate`. One pass over the calibration
-  text per unit: 91 x 16 passes, about 13 minutes.
+  blocks with nothing local, then one per unit: 91 x 16 blocks, 364 forward passes of 4.
 - `mass`: the share of its attention weight a head puts beyond the window and the sinks, averaged over the queries
-  that have keys that far back: exactly what the local mask removes. One pass scores every head (16 passes, seconds),
-  but it ranks the diffuse heads of the first layers above the few that retrieve.
+  that have keys that far back: exactly what the local mask removes. One pass over the blocks scores every head (4
+  forward passes of 4), but it ranks the diffuse heads of the first layers above the few that retrieve.
 - `gate` (DuoAttention, Xiao et al. 2024; `gate_scores.py`): a gate per unit mixing its full attention with its sink +
   window attention, trained with the model frozen so that the mixed model's last hidden states on passkey answers
   match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not
-  lose, retrieval, and units train together, so redundancy counts. 16 passes for the targets, then 48 steps of a
-  forward and backward pass of `--batch_size` blocks: about 5 minutes (1.5 with `--batch_size 1`).
+  lose, retrieval, and units train together, so redundancy counts. One forward pass per block for the targets (16),
+  then 48 steps of a forward and backward pass of `--batch_size` blocks.
 - `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
-  are about to copy when they answer a passkey question. One pass per batch with attention weights, seconds. It finds
+  are about to copy when they answer a passkey question. One pass per batch with attention weights (4). It finds
   the heads that copy but ranks all the others by near-zero values.
 
 `gate` and `retrieval` hide passkeys in the calibration blocks (one per 256 tokens) and ask for them at the end.
@@ -41,16 +44,16 @@ import contextlib
 import inspect
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from .data.wikitext import HUB_DATASET, WIKITEXT_FILES, read_text_file
-from .gate_scores import UNITS, check_window, gate_scores, retrieval_scores, units_per_layer
+from .gate_scores import UNITS, check_count, check_score_arguments, gate_scores, retrieval_scores, units_per_layer
 from .hub import hub_offline
 from .hybrid import family_of, hybridize
-from .pretrained import load_causal_lm, load_tokenizer
+from .pretrained import load_causal_lm, load_tokenizer, source_argument
 
 # WikiText-2's validation text beside a clone, where the training configs find it (relative to the working folder).
 LOCAL_CALIBRATION = Path("../shared/data/wikitext-2-raw") / WIKITEXT_FILES["validation"]
@@ -80,14 +83,14 @@ def mass_scores(
 ) -> torch.Tensor:
     """(layers, units) attention mass beyond the window and the sinks, averaged over `token_ids` (N, T); a key/value
     group scores as its most far-looking head. `model` must return attention weights (eager attention)."""
-    check_window(local_window, sink_tokens)
+    check_score_arguments(local_window, sink_tokens, batch_size)
+    units = units_per_layer(model.config, unit)  # a bad `unit` refused before the passes
     totals = torch.zeros(())
     for ids in batches(token_ids, batch_size, model.device):
         attentions = model(ids, output_attentions=True).attentions
         totals = totals + mass_beyond_window(attentions, local_window, sink_tokens) * len(ids)
     scores = totals / len(token_ids)
-    layers, heads = scores.shape
-    return scores.view(layers, units_per_layer(model.config, unit), -1).amax(-1)
+    return scores.view(len(scores), units, -1).amax(-1)
 
 
 def loss_scores(
@@ -95,7 +98,7 @@ def loss_scores(
 ) -> torch.Tensor:
     """(layers, units) rise of the mean language-modelling loss on `token_ids` when that unit alone is local (the
     model is hybridized in place, and left all global)."""
-    check_window(local_window, sink_tokens)
+    check_score_arguments(local_window, sink_tokens, batch_size)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     units = units_per_layer(model.config, unit)
     hybridize(model, local_window=local_window, sink_tokens=sink_tokens)
@@ -112,6 +115,13 @@ def loss_scores(
 
 
 SCORES = {"loss": loss_scores, "mass": mass_scores, "gate": gate_scores, "retrieval": retrieval_scores}
+
+
+def score_named(name: str) -> Callable[..., torch.Tensor]:
+    """`SCORES[name]`, or a `ValueError` listing the scores (a `KeyError` would name neither argument nor choices)."""
+    if name not in SCORES:
+        raise ValueError(f"`score` must be one of {list(SCORES)}, got {name!r}")
+    return SCORES[name]
 
 
 def mean_loss(model, token_ids: torch.Tensor, batch_size: int) -> float:
@@ -136,6 +146,9 @@ def choose_layout(scores: torch.Tensor, local_fraction: float, heads: int) -> li
     """The head layout making local the `local_fraction` of units, (layers, units) `scores`, lowest first."""
     if not 0 <= local_fraction <= 1:
         raise ValueError(f"`local_fraction` must be in [0, 1], got {local_fraction}")
+    if scores.dim() != 2 or heads % scores.shape[1]:
+        raise ValueError(f"`scores` must be (layers, units) with `heads` ({heads}) a multiple of units, got "
+                         f"{tuple(scores.shape)}")  # fmt: skip
     local = torch.zeros(scores.numel(), dtype=torch.bool)
     local[scores.flatten().argsort(stable=True)[: round(local_fraction * scores.numel())]] = True
     return layout_of(local.view(scores.shape), heads)
@@ -170,6 +183,8 @@ def measured_cost(model) -> Iterator[dict]:
 
 def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: int) -> torch.Tensor:
     """`num_blocks` consecutive blocks of `block_size` tokens from the start of the calibration text."""
+    check_count("block_size", block_size, 1)
+    check_count("num_blocks", num_blocks, 1)
     if data is not None:
         text = read_text_file(Path(data))
     else:
@@ -185,13 +200,14 @@ def calibration_ids(tokenizer, data: str | None, block_size: int, num_blocks: in
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hub id, local folder or .gguf file of a Llama, Qwen2, Qwen3, Mistral, Gemma 3 "
-                        "or GPT-2 model")  # fmt: skip
+    parser.add_argument("model", type=source_argument, help="Hub id, local folder, .gguf file or hf_attn.pretrained "
+                        "short name of a Llama, Qwen2, Qwen3, Mistral, Gemma 3 or GPT-2 model")  # fmt: skip
     parser.add_argument("--local_fraction", type=float, required=True, help="share of heads (or groups) made local")
     parser.add_argument("--local_window", type=int, required=True, help="k: previous tokens a local head sees")
     parser.add_argument("--data", help=f"calibration text file (default: {LOCAL_CALIBRATION} where it exists, else "
                         "WikiText-2 validation from the Hub)")  # fmt: skip
-    parser.add_argument("--tokenizer", help="tokenizer id, folder or .gguf file (default: the model's)")
+    parser.add_argument("--tokenizer", type=source_argument, help="tokenizer id, folder or .gguf file (default: the "
+                        "model's)")  # fmt: skip
     parser.add_argument("--unit", choices=UNITS, default="kv_group", help="what turns local together")
     parser.add_argument("--score", choices=list(SCORES), default="loss", help="what ranks the units (see above)")
     parser.add_argument("--sink_tokens", type=int, default=0, help="first tokens a local head sees besides its window")
@@ -200,18 +216,30 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--output", default="layout.json", help="where to write the layout and the scores")
     args = parser.parse_args(argv)
-    if args.local_window < 1 or args.block_size <= args.local_window + 1 or args.num_blocks < 1:
-        parser.error(f"need --local_window >= 1, --block_size > local_window + 1 and --num_blocks >= 1; got "
-                     f"{args.local_window}, {args.block_size}, {args.num_blocks}")  # fmt: skip
-    if args.sink_tokens < 0 or args.block_size <= args.sink_tokens + args.local_window + 1:
-        parser.error(f"need --sink_tokens >= 0 and --block_size > sink_tokens + local_window + 1; got "
-                     f"{args.sink_tokens}, {args.block_size}")  # fmt: skip
     if args.data is None and LOCAL_CALIBRATION.is_file():
         args.data = str(LOCAL_CALIBRATION)
-    elif args.data is None and hub_offline():
-        parser.error(f"no --data given, no {LOCAL_CALIBRATION} here, and the Hub is offline (HF_HUB_OFFLINE): pass "
-                     "--data FILE, a calibration text file")  # fmt: skip
+    if problems := argument_problems(args):
+        parser.error("; ".join(problems))
     return args
+
+
+def argument_problems(args: argparse.Namespace) -> list[str]:
+    """Every invalid argument at once, each naming the flag and what it allows, before any model loads."""
+    problems = []
+    if not 0 <= args.local_fraction <= 1:
+        problems.append(f"--local_fraction must be in [0, 1], got {args.local_fraction}")
+    minimums = {"local_window": 1, "sink_tokens": 0, "num_blocks": 1, "batch_size": 1}
+    problems += [f"--{name} must be >= {minimum}, got {getattr(args, name)}" for name, minimum in minimums.items()
+                 if getattr(args, name) < minimum]  # fmt: skip
+    if args.block_size <= args.sink_tokens + args.local_window + 1:
+        problems.append(f"--block_size must exceed --sink_tokens + --local_window + 1 "
+                        f"({args.sink_tokens + args.local_window + 1}), got {args.block_size}")  # fmt: skip
+    if args.data is not None and not Path(args.data).is_file():
+        problems.append(f"--data must be a calibration text file, got {args.data} (no such file)")
+    elif args.data is None and hub_offline():
+        problems.append(f"no --data given, no {LOCAL_CALIBRATION} here, and the Hub is offline (HF_HUB_OFFLINE): "
+                        "pass --data FILE, a calibration text file")  # fmt: skip
+    return problems
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -239,6 +267,25 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{made_local} of {sum(map(len, layout))} heads local (k = {args.local_window}, by {args.score}, "
           f"unit {args.unit}); layout and scores: {args.output}")  # fmt: skip
     return record
+
+
+# What `apply_layout` keeps of a `main` record in the config (`head_selection`): all but the scores themselves.
+SELECTION_FIELDS = ("model", "score", "unit", "local_fraction", "local_window", "sink_tokens", "head_layout",
+                    "score_settings", "cost", "calibration")  # fmt: skip
+
+
+def apply_layout(model, record: dict | str | Path):
+    """`hybridize`s `model` to the layout a `select_heads` run chose (its record, or the JSON file `main` wrote) and
+    keeps in its config how the layout was chosen and what the scoring cost (`head_selection`), which its model card
+    reports while the layout stays that one. Returns `model`."""
+    if not isinstance(record, dict):
+        record = json.loads(Path(record).read_text())
+    if missing := [field for field in SELECTION_FIELDS if field not in record]:
+        raise ValueError(f"`record` must be what `python -m hf_attn.select_heads` wrote; it lacks {missing}")
+    hybridize(model, head_layout=record["head_layout"], local_window=record["local_window"],
+              sink_tokens=record["sink_tokens"])  # fmt: skip
+    model.config.head_selection = {field: record[field] for field in SELECTION_FIELDS}
+    return model
 
 
 if __name__ == "__main__":

