@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.common import command_line_parser, describe_machine
+from benchmarks.common import below_minimum, command_line_parser, data_dir_problems, describe_machine
 from hf_attn import hybridize
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
 from hf_attn.experiments import perplexity
 from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
 from hf_attn.hybrid_attention import num_key_value_heads
-from hf_attn.pretrained import load_causal_lm, load_tokenizer
+from hf_attn.pretrained import load_causal_lm, load_tokenizer, source_argument
 
 LAYOUTS = {
     "kv_group": "the last key/value group's query heads, every layer",
@@ -54,8 +54,10 @@ QUICK_TOKENIZER = "../shared/data/gpt2-tokenizer"
 def parse_args(argv: list[str] | None = None):
     parser = command_line_parser(__name__, __doc__)
     add = parser.add_argument
-    add("--model", default="smollm2-135m-instruct", help="Hub id, folder, .gguf file or hf_attn.pretrained short name")
-    add("--tokenizer", help=f"tokenizer id, folder or .gguf file (default: the model's; --quick: {QUICK_TOKENIZER})")
+    add("--model", type=source_argument, default="smollm2-135m-instruct", help="Hub id, folder, .gguf file or "
+        "hf_attn.pretrained short name")  # fmt: skip
+    add("--tokenizer", type=source_argument, help=f"tokenizer id, folder or .gguf file (default: the model's; --quick: "
+        f"{QUICK_TOKENIZER})")  # fmt: skip
     add("--data_dir", default="../shared/data/wikitext-2-raw", help="folder of wiki.{valid,test}.raw; '' for the Hub")
     for name, (full, quick) in SIZES.items():
         add(f"--{name}", type=type(full), help=f"default {full} (--quick: {quick})")
@@ -67,11 +69,24 @@ def parse_args(argv: list[str] | None = None):
     for name, sizes in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, sizes[args.quick])
-    if min(args.eval_tokens, args.heal_steps + 1, args.batch_size, args.eval_every, args.validation_blocks) < 1:
-        parser.error("sizes must be >= 1 (--heal_steps >= 0)")
-    if args.block_size < 4 or args.eval_tokens < args.block_size:
-        parser.error("need --block_size >= 4 and --eval_tokens >= --block_size")
+    if problems := argument_problems(args):
+        parser.error("; ".join(problems))
     return args
+
+
+def argument_problems(args) -> list[str]:
+    """Every invalid argument at once, each naming the flag and what it allows, before any model loads (none with
+    --stored_only, which reads results.json alone)."""
+    if args.stored_only:
+        return []
+    minimums = {"eval_tokens": 1, "block_size": 4, "heal_steps": 0, "batch_size": 1, "eval_every": 1,
+                "validation_blocks": 1}  # fmt: skip
+    problems = below_minimum(args, minimums)
+    if args.eval_tokens < args.block_size:
+        problems.append(f"--eval_tokens must be >= --block_size ({args.block_size}), got {args.eval_tokens}")
+    if not args.learning_rate > 0:
+        problems.append(f"--learning_rate must be > 0, got {args.learning_rate}")
+    return problems + data_dir_problems(args.data_dir)
 
 
 def layout(name: str, config) -> list[list[str]]:
@@ -186,6 +201,18 @@ def run(args) -> dict:
     }  # fmt: skip
 
 
+def blocks_drawn(healing: dict, batch_size: int) -> str:
+    """How many training blocks the steps drew and from how many: each pass over them is a fresh random order, and
+    the last pass may be partial."""
+    drawn, blocks = healing["steps"] * batch_size, healing["training_blocks"]
+    if drawn <= blocks:
+        return f"{drawn:,} of the {blocks:,} training blocks, none twice"
+    passes, rest = divmod(drawn, blocks)
+    return f"{drawn:,} blocks, {passes} whole pass(es) over the {blocks:,} training blocks" + (
+        f" and {rest:,} more" if rest else ""
+    )
+
+
 def report(result: dict) -> str:
     """results.md: what was measured, the table, the healing curve, the machine."""
     settings, rows = result["settings"], result["rows"]
@@ -215,8 +242,8 @@ def report(result: dict) -> str:
                 "", f"## Training p_attn alone ({row['layout']})", "",
                 f"{healing['trained_parameters']:,} parameters trained, everything else frozen: AdamW, lr "
                 f"{settings['learning_rate']:g}, no weight decay, {healing['steps']} steps of {settings['batch_size']} "
-                f"blocks of {settings['block_size']} tokens ({healing['tokens_seen']:,} tokens, {healing['epochs']} "
-                f"pass(es) over {healing['training_blocks']} blocks) in {healing['seconds'] / 60:.1f} min. Protocol "
+                f"blocks of {settings['block_size']} tokens ({healing['tokens_seen']:,} tokens: "
+                f"{blocks_drawn(healing, settings['batch_size'])}) in {healing['seconds'] / 60:.1f} min. Protocol "
                 f"{result['protocol']}: trained on {result['train_source']} but its last "
                 f"{healing['validation_tokens']:,} tokens, held out for the curve below; never on the test split.", "",
                 "| step | training loss (that batch) | held-out loss | held-out perplexity |", "|---|---|---|---|",

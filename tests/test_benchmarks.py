@@ -335,3 +335,32 @@ def test_positional_conversion_benchmark_converts_heals_and_rewrites_its_report(
     (folder / "results.md").unlink()
     positional_conversion.main(["--stored_only", "--output_dir", str(folder)])
     assert (folder / "results.md").read_bytes() == written
+
+
+CONVERSION_MISSING = "does not exist (a .gguf file, a model folder, or a folder holding one .gguf file)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "/tmp/missing.gguf"], f"argument --model: /tmp/missing.gguf {CONVERSION_MISSING}"),
+        (["--tokenizer", "bad name"], "argument --tokenizer: 'bad name' is neither a packaged model "
+         "('smollm2-135m-instruct', 'gemma-3-270m') nor a Hub id ('name' or 'namespace/name')"),
+        (["--block_size", "2"], "--block_size must be >= 4, got 2"),
+        (["--heal_steps", "-1"], "--heal_steps must be >= 0, got -1"),
+        (["--eval_every", "0"], "--eval_every must be >= 1, got 0"),
+        (["--eval_tokens", "8", "--block_size", "16"], "--eval_tokens must be >= --block_size (16), got 8"),
+        (["--learning_rate", "0"], "--learning_rate must be > 0, got 0.0"),
+        (["--data_dir", "/tmp/missing-wikitext"], "--data_dir must be a folder of wiki.train.raw, wiki.valid.raw, "
+         "wiki.test.raw (WikiText-2 raw) or '' for the Hub, got /tmp/missing-wikitext (no such folder)"),
+    ],
+)  # fmt: skip
+def test_positional_conversion_refuses_bad_arguments_in_one_line_before_any_model_loads(argv, message, monkeypatch,
+                                                                                        capsys):  # fmt: skip
+    from benchmarks import positional_conversion
+
+    monkeypatch.setattr(positional_conversion, "load_causal_lm", lambda *args, **kwargs: pytest.fail("loaded"))
+    data_dir = ["--data_dir", str(ROOT.parent / "shared" / "data" / "wikitext-2-raw")]
+    with pytest.raises(SystemExit):
+        positional_conversion.main([*data_dir, *argv])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -1,13 +1,20 @@
 """docs/hybrid.md's generated tables from the committed benchmark results: the offline models the hybrid trade-off
-converts, the trade-off per model and window, the long-context benchmark per model, and what converting a pretrained
-model's heads to positional costs."""
+converts, the trade-off per model and window, the long-context benchmark per model (with its CPU check), and what
+converting a pretrained model's heads to positional costs."""
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import hybrid_tradeoff, long_context, positional_conversion
-from training.committed_results import DOCS, HYBRID_TRADEOFF, LONG_CONTEXT, POSITIONAL_CONVERSION, ROOT
+from training.committed_results import (
+    DOCS,
+    HYBRID_TRADEOFF,
+    LONG_CONTEXT,
+    LONG_CONTEXT_CPU_CHECK,
+    POSITIONAL_CONVERSION,
+    ROOT,
+)
 
 
 def hybrid_pretraining_text() -> str:
@@ -70,9 +77,53 @@ def long_context_tables() -> str:
 
 def long_context_block(folder: Path, result: dict, plot: Path) -> str:
     return (
-        f"**{result['name']}** ([results.json]({plot.parent}/results.json)): {long_context.notes(result)}\n\n"
-        f"{long_context.tables(result, '####')}\n![{result['name']}]({plot})\n"
+        f"**{result['name']}** ([results.json]({plot.parent}/results.json)): {long_context.notes(result)} "
+        f"{long_context_times(result)}\n\n{long_context.tables(result, '####')}\n![{result['name']}]({plot})\n"
     )
+
+
+def long_context_times(result: dict) -> str:
+    """How long the run measured, its records' seconds summed, in minutes."""
+    scores, configs = (sum(record["seconds"] for record in records) / 60 for records in
+                       (result["scores"].values(), result["rows"]))  # fmt: skip
+    text = (
+        f"The records' times, summed: {scores + configs:.1f} min on {result['machine']['quality']} "
+        f"({len(result['scores'])} scores {scores:.1f} min, {len(result['rows'])} configurations {configs:.1f} min)"
+    )
+    if timing := result["timing"]:
+        loads = [record["load_average"][0] for record in timing.values() if "load_average" in record]
+        load = f"; 1-minute load {min(loads):.2f}-{max(loads):.2f} as each shape ended" if loads else ""
+        minutes = sum(record["seconds"] for record in timing.values()) / 60
+        text += f", then {minutes:.1f} min of timing on the CPU ({len(timing)} shapes{load})"
+    return text + "."
+
+
+def long_context_cpu_check_table() -> str:
+    """The long-context configurations first measured on the CPU beside the same ones of the GPU run: perplexity, and
+    the passkey answers at the lengths both measured, prompt by prompt."""
+    lines = ["| configuration | perplexity, CPU | perplexity, GPU | CPU against GPU | keys found, CPU | keys found, "
+             "GPU | same answer text | same verdict (found or not) |", "|---" * 8 + "|"]  # fmt: skip
+    for path in sorted((DOCS / LONG_CONTEXT_CPU_CHECK / "configs").glob("*.json")):
+        cpu = json.loads(path.read_text())
+        gpu = json.loads((DOCS / LONG_CONTEXT / cpu["settings"]["model"] / "configs" / path.name).read_text())
+        answers = {(a["length"], a["depth"], a["key"]): a for a in gpu["answers"]}
+        pairs = [(a, answers[a["length"], a["depth"], a["key"]]) for a in cpu["answers"]]
+        found = [sum(answer["found"] for answer in side) for side in zip(*pairs, strict=True)]
+        same_text = sum(a["answer"] == b["answer"] for a, b in pairs)
+        same_verdict = sum(a["found"] == b["found"] for a, b in pairs)
+        lines.append(
+            f"| {path.stem} | {cpu['perplexity']:.2f} | {gpu['perplexity']:.2f} | "
+            f"{cpu['perplexity'] / gpu['perplexity'] - 1:+.2%} | {found[0]} of {len(pairs)} | {found[1]} of "
+            f"{len(pairs)} | {same_text} of {len(pairs)} | {same_verdict} of {len(pairs)} |"
+        )
+    lengths = sorted({a["length"] for a in cpu["answers"]})
+    note = (
+        f"CPU: [{LONG_CONTEXT_CPU_CHECK}](results/{LONG_CONTEXT_CPU_CHECK}) ({cpu['settings']['dtype']}, prompts one "
+        f"at a time); GPU: the run above ({gpu['device']}, {gpu['settings']['dtype']}, "
+        f"{gpu['settings']['passkey_batch_size']} prompts a batch). Answers compared prompt by prompt (the same "
+        f"length, depth and key) at {', '.join(str(n) for n in lengths)} tokens."
+    )
+    return "\n".join(lines) + "\n\n" + note
 
 
 def positional_conversion_result() -> dict | None:

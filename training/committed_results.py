@@ -11,7 +11,14 @@ from hf_attn.experiments import format_value
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs" / "results"
-PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))  # the pages that hold generated blocks
+
+
+def pages(root: Path = ROOT) -> tuple[Path, ...]:
+    """The pages that hold generated blocks: README.md and docs/*.md under `root`."""
+    return (root / "README.md", *sorted((root / "docs").glob("*.md")))
+
+
+PAGES = pages()
 PAPER_A = ("quickstart", "algorithmic_cpu", "algorithmic_cpu_long", "algorithmic_llama_cpu", "mixed_cpu",
            "induction_cpu", "induction_cpu_layernorm")  # fmt: skip
 FORMAL_PAPER_SIZE = "formal_languages_paper_size_cpu"  # the main table at Paper B's model size: the headline
@@ -32,6 +39,7 @@ HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (
 # a folder per model in each) and its models' pretraining
 POSITIONAL_CONVERSION = "positional_conversion"  # benchmarks/positional_conversion.py's results
 LONG_CONTEXT = "long_context"  # benchmarks/long_context.py's results, a folder per model
+LONG_CONTEXT_CPU_CHECK = "long_context_cpu_check"  # its first configurations, measured on the CPU before the GPU run
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports `training.reports` rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")

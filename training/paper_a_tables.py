@@ -14,6 +14,7 @@ from hf_attn.experiments import (
 from hf_attn.experiments.runs import load_results
 from training import algorithmic, baseline_learning_rate, paper_numbers
 from training.committed_results import DOCS, ROOT, beside, published
+from training.published_tables import run_times_sentence
 
 TASK_NAMES = {"cumulative_sum": "sum", "cumulative_min": "min", "cumulative_median": "median", "sort": "sort",
               "cumulative_max_subarray_sum": "max subarray"}  # fmt: skip
@@ -68,7 +69,8 @@ def algorithmic_table(name: str) -> str:
 
 def algorithmic_llama_table(name: str = "algorithmic_llama_cpu", beside_name: str = "algorithmic_cpu") -> str:
     """Per task of the Llama-shaped runs (docs/results/NAME), at every c: their median MSE over seeds, beside the
-    GPT-2-shaped models' with the same data and training (docs/results/BESIDE_NAME) and Paper A's median."""
+    GPT-2-shaped models' with the same data and training (docs/results/BESIDE_NAME) and Paper A's median; then how
+    long the runs trained."""
     llama, gpt2 = load_results(DOCS / name), load_results(DOCS / beside_name)
     models = ("positional", "standard")
     sections = []
@@ -85,7 +87,7 @@ def algorithmic_llama_table(name: str = "algorithmic_llama_cpu", beside_name: st
                      *(format_value(median(shaped, m, c)) for m in models), *map(published, papers)]  # fmt: skip
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
         sections.append("\n".join(lines) + "\n\n" + collapse_summary(runs))
-    return "\n\n".join(sections)
+    return "\n\n".join([*sections, run_times_sentence(name)])
 
 
 def algorithmic_by_epoch_table(name: str) -> str:

@@ -130,6 +130,21 @@ def training_time(name: str) -> str:
     return f"{minutes:.0f} min summed over {runs_counted} (median load {load:.1f} as they ended)"
 
 
+def run_times_sentence(name: str) -> str:
+    """How long the published runs of docs/results/NAME trained, naming the command that made them (its row of
+    `EXPERIMENTS`), for the prose beside their table."""
+    row = next(row for row in EXPERIMENTS if row.results == name)
+    commands = "; ".join(f"`python -m training.{row.script} configs/{config}`" for config in row.configs)
+    results = load_results(DOCS / name)
+    seconds = [r["train_seconds"] for r in results]
+    loads = [r["machine"]["load_average"][0] for r in results]
+    return (
+        f"Training: {len(results)} runs of {commands} ([docs/results/{name}](results/{name})), {min(seconds):.0f}-"
+        f"{max(seconds):.0f} s each, {sum(seconds) / 60:.1f} min in all; 1-minute load {min(loads):.1f}-"
+        f"{max(loads):.1f} on {results[0]['machine']['cpus']} cores as the runs ended."
+    )
+
+
 def output_folder(config: str) -> str:
     """The folder a command writes: its `--output_dir` where it gives one, else its config file's."""
     path, *flags = config.split()

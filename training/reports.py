@@ -9,13 +9,24 @@ then every table of README.md and docs/*.md between `<!-- generated: NAME -->` a
 same files. Nothing trains. To publish a new run: copy its OUTPUT_DIR without `model/` and `checkpoint-*` folders
 (`--publish OUTPUT_DIR NAME`; the same NAME for several folders merges them, e.g. the two processes of one
 experiment).
+
+    python -m training.reports --check
+
+writes nothing: it lists every generated block and every report (results.md and the families' other Markdown
+reports) that differs from what the committed results give, and exits with status 1 if there is one. The tests run
+it, so a figure edited by hand inside a generated block, or a report left stale, fails them. Plots are not compared.
 """
 
 import argparse
+import contextlib
 import shutil
-from collections.abc import Callable
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
+import hf_attn.experiments.reports as experiment_reports
 from benchmarks import hybrid_tradeoff, long_context, positional_conversion
 from hf_attn.experiments import family_named
 from hf_attn.experiments.arguments import experiment_of
@@ -36,6 +47,7 @@ from training.benchmark_tables import (
     hybrid_pretraining_text,
     hybrid_tradeoff_runs,
     hybrid_tradeoff_tables,
+    long_context_cpu_check_table,
     long_context_runs,
     long_context_tables,
     positional_conversion_result,
@@ -60,6 +72,7 @@ from training.committed_results import (  # noqa: F401
     ROOT,
     SINUSOIDAL_UNSCALED,
     beside,
+    pages,
     published,
 )
 from training.paper_a_tables import (  # noqa: F401
@@ -94,14 +107,16 @@ from training.published_tables import (  # noqa: F401
     idle_pace_minutes,
     idle_run_times_table,
     output_folder,
+    run_times_sentence,
     run_times_table,
     training_time,
 )
 
 
-def write_family_reports(folder: Path) -> None:
-    """Rewrites the reports of the experiment in `folder` from its runs' results, as its script would."""
-    results = load_results(folder)
+def write_family_reports(folder: Path, results_folder: Path | None = None) -> None:
+    """Rewrites the reports of the experiment in `folder` from its runs' results (those in `results_folder`, by
+    default `folder`'s own), as its script would."""
+    results = load_results(results_folder or folder)
     family = family_named(results[0]["experiment"])
     family.write_reports(folder, results, experiment_of(family.arguments, results))
 
@@ -127,6 +142,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "hybrid-pretraining": hybrid_pretraining_text,
     "hybrid-tradeoff": hybrid_tradeoff_tables,
     "hybrid-long-context": long_context_tables,
+    "long-context-cpu-check": long_context_cpu_check_table,
     "positional-conversion": positional_conversion_text,
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
@@ -140,16 +156,33 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 
 
+OPEN, CLOSE = "<!-- generated: ", "<!-- /generated -->"
+
+
+def generated_blocks(text: str) -> list[tuple[str, int, int]]:
+    """(NAME, start, end) of every `<!-- generated: NAME -->` ... `<!-- /generated -->` block of `text`: `text[start:
+    end]` is what lies between the two markers."""
+    blocks, position = [], 0
+    while (opening := text.find(OPEN, position)) >= 0:
+        name_end = text.index(" -->", opening)
+        end = text.index(CLOSE, name_end)
+        blocks.append((text[opening + len(OPEN) : name_end], name_end + len(" -->"), end))
+        position = end
+    return blocks
+
+
+def block_text(name: str) -> str:
+    """What the block NAME holds between its markers."""
+    return "\n" + TABLES[name]() + "\n"
+
+
 def splice_tables(text: str) -> str:
-    """Every `<!-- generated: NAME -->` ... `<!-- /generated -->` block of `text` refilled by `TABLES[NAME]`."""
-    out, rest = [], text
-    while (start := rest.find("<!-- generated: ")) >= 0:
-        name_end = rest.index(" -->", start)
-        name = rest[start + len("<!-- generated: ") : name_end]
-        end = rest.index("<!-- /generated -->", name_end)
-        out.append(rest[: name_end + len(" -->")] + "\n" + TABLES[name]() + "\n")
-        rest = rest[end:]
-    return "".join(out) + rest
+    """Every generated block of `text` refilled by `TABLES[NAME]`."""
+    out, done = [], 0
+    for name, start, end in generated_blocks(text):
+        out += [text[done:start], block_text(name)]
+        done = end
+    return "".join(out) + text[done:]
 
 
 def publish(output_dirs: list[Path], name: str) -> None:
@@ -163,12 +196,103 @@ def publish(output_dirs: list[Path], name: str) -> None:
         shutil.copytree(output_dir, target, ignore=left_out, dirs_exist_ok=True)
 
 
+@contextlib.contextmanager
+def plots_left_out() -> Iterator[None]:
+    """The families' reports without their plots, as when matplotlib is not installed: the check compares text, and
+    drawing the plots would take it from seconds to most of a minute on 2 cores."""
+    with mock.patch.object(experiment_reports, "pyplot", lambda: None):
+        yield
+
+
+RESULTS_IN_ROOT = DOCS.relative_to(ROOT)  # docs/results, in any copy of the repository
+
+
+def expected_reports() -> dict[Path, str]:
+    """Every committed Markdown report as the committed results give it, by its path under the repository root: the
+    families' (written into a scratch folder, plots left out) and the benchmarks' results.md."""
+    expected = {}
+    with tempfile.TemporaryDirectory() as scratch, plots_left_out():
+        for name in PUBLISHED:
+            folder = Path(scratch) / name
+            for committed in (DOCS / name, *(path for path in (DOCS / name).rglob("*") if path.is_dir())):
+                (folder / committed.relative_to(DOCS / name)).mkdir(parents=True, exist_ok=True)
+            write_family_reports(folder, DOCS / name)
+            for path in sorted(folder.rglob("*.md")):
+                expected[RESULTS_IN_ROOT / name / path.relative_to(folder)] = path.read_text()
+    benchmark_runs = [(folder, hybrid_tradeoff.report(result)) for folder, result in hybrid_tradeoff_runs()]
+    benchmark_runs += [(folder, long_context.report(result)) for folder, result in long_context_runs()]
+    if (result := positional_conversion_result()) is not None:
+        benchmark_runs.append((DOCS / POSITIONAL_CONVERSION, positional_conversion.report(result)))
+    for folder, text in benchmark_runs:
+        expected[RESULTS_IN_ROOT / folder.relative_to(DOCS) / "results.md"] = text
+    return expected
+
+
+def first_difference(committed: str, expected: str) -> str:
+    """Where two texts part: the first line that differs, as committed and as the results give it."""
+    committed_lines, expected_lines = committed.splitlines(), expected.splitlines()
+    for number, (old, new) in enumerate(zip(committed_lines, expected_lines, strict=False), start=1):
+        if old != new:
+            return f"line {number}: {old[:120]!r}, the results give {new[:120]!r}"
+    number = min(len(committed_lines), len(expected_lines)) + 1
+    return f"line {number}: the committed text has {len(committed_lines)} lines, the results give {len(expected_lines)}"
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """Every generated block of README.md and docs/*.md under `root`, and every report under its docs/results, that
+    differs from what this checkout's committed results give, one line each; also blocks with no table, tables
+    shown in no block or twice, and reports committed that the results no longer make. Writes nothing. `root` is the
+    repository root, or a copy of its pages and reports (the tests tamper with one)."""
+    problems, shown = [], []
+    for page in pages(root):
+        text = page.read_text()
+        where = page.relative_to(root)
+        for name, start, end in generated_blocks(text):
+            shown.append(name)
+            if name not in TABLES:
+                problems.append(f"{where}: block `{name}` names no table of training/reports.py's TABLES")
+            elif text[start:end] != (expected := block_text(name)):
+                problems.append(f"{where}: block `{name}` differs, {first_difference(text[start:end], expected)}")
+    problems += [f"table `{name}` is in no page" for name in TABLES if name not in shown]
+    problems += [f"table `{name}` is shown {shown.count(name)} times" for name in TABLES if shown.count(name) > 1]
+    expected = expected_reports()
+    for relative, text in expected.items():
+        if not (root / relative).is_file():
+            problems.append(f"{relative}: missing")
+        elif (committed := (root / relative).read_text()) != text:
+            problems.append(f"{relative}: differs, {first_difference(committed, text)}")
+    for name in PUBLISHED:
+        for path in sorted((root / RESULTS_IN_ROOT / name).rglob("*.md")):
+            if path.relative_to(root) not in expected:
+                problems.append(f"{path.relative_to(root)}: no report of the results; remove it or make it")
+    return problems
+
+
+def check(root: Path = ROOT) -> int:
+    """`--check`: prints what `stale` finds; the exit status, 1 if anything."""
+    problems = stale(root)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} generated block(s) or report(s) differ from the committed results: run "
+              "`python -m training.reports` and commit what it writes", file=sys.stderr)  # fmt: skip
+        return 1
+    print("every generated block and report is what the committed results give")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--publish", nargs=2, action="append", default=[], metavar=("OUTPUT_DIR", "NAME"),
                         help="first copy OUTPUT_DIR's results into docs/results/NAME (a NAME given for several "
                         "folders gets them all)")  # fmt: skip
+    parser.add_argument("--check", action="store_true", help="write nothing: list every generated block and report "
+                        "that differs from what the committed results give; exit status 1 if any does")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.check:
+        if args.publish:
+            parser.error("--check writes nothing: give it without --publish")
+        sys.exit(check(ROOT))
     by_name: dict[str, list[Path]] = {}
     for output_dir, name in args.publish:
         by_name.setdefault(name, []).append(Path(output_dir))
