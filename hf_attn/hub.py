@@ -12,7 +12,6 @@ Two kinds of card, both describing only the head kinds and masks the model has:
 """
 
 import itertools
-import json
 import math
 import os
 import tempfile
@@ -29,23 +28,20 @@ from huggingface_hub import (
     ModelCardData,
     constants,
     get_token,
-    hf_hub_download,
-    try_to_load_from_cache,
 )
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .configuration_hf_attn import HfAttnConfig
 from .head_kinds_hf_attn import HeadKind, kinds_in, visible_keys
-from .hybrid import FAMILIES, HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
+from .hybrid import HYBRID_TYPES, HybridConfigMixin, cache_bytes_per_token, original_cache_bytes_per_token
 from .modeling_hf_attn import AUTO_CLASS_SUFFIXES
+from .provenance import CARD_FILE, BaseModel
 from .visibility_hf_attn import Visibility
 
 # `model_cards/` sits at the top of the repository; the wheel ships it inside the package (pyproject.toml maps it to
 # `hf_attn/model_cards`), so an installed hf_attn finds it there and a source checkout beside the package.
 CARD_FOLDERS = [Path(__file__).resolve().parent / "model_cards", Path(__file__).resolve().parents[1] / "model_cards"]
 CARD_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(CARD_FOLDERS))
-CARD_FILE = "README.md"
-HUB_URL = "https://huggingface.co/"
 PIPELINE_TAGS = {
     "AutoModelForCausalLM": "text-generation",
     "AutoModelForTokenClassification": "token-classification",
@@ -314,64 +310,6 @@ def write_model_card(folder: Path, results: dict, config, facts: CardFacts, repo
 
 
 # --- a model type's card, for checkpoints made by hand or by convert_gpt2 -------------------------------------------
-
-
-def hub_license(
-    repo_id: str, revision: str | None = None, token: str | bool | None = None, download: bool = True
-) -> str | None:
-    """The license in the Hub card (README.md) of `repo_id`: fetched, or read from the Hub cache when offline or not
-    to `download` (writing a card never calls the Hub). None where there is no card, no license in it, or no way to
-    it."""
-    try:
-        card_file = (hf_hub_download(repo_id, CARD_FILE, revision=revision, token=token) if download
-                     else try_to_load_from_cache(repo_id, CARD_FILE, revision=revision))  # fmt: skip
-        return ModelCard.load(card_file).data.license if isinstance(card_file, str) else None
-    except (OSError, ValueError):  # not found, offline and not cached, or a card whose metadata does not parse
-        return None
-
-
-@dataclass(frozen=True)
-class BaseModel:
-    """What a model's weights come from: `hf_attn.pretrained` records it in `config.base_model` (a dict, so that
-    config.json holds it and `hybridize`, which copies every config field, keeps it), and the card of a hybridized
-    checkpoint names it, with its license."""
-
-    name: str  # what the card's text calls it
-    repo_id: str | None = None  # its Hub repository: the card's `base_model`
-    license: str | None = None  # its license (a GGUF header's, or its Hub card's): the card's `license`
-    gguf_file: str | None = None  # the GGUF file its weights were unpacked from
-
-    @classmethod
-    def of(cls, config) -> "BaseModel | None":
-        """The base recorded in `config`, else the Hub repository `from_pretrained` loaded it from (`name_or_path`,
-        see `from_hub_cache`), else None: nothing is said of a base that is not known."""
-        if recorded := getattr(config, "base_model", None):
-            return cls(**recorded)
-        return cls.from_hub_cache(config.name_or_path) if config.name_or_path else None
-
-    @classmethod
-    def from_hub_cache(cls, name: str) -> "BaseModel | None":
-        """`name` where it is a Hub repository in the Hub cache of a family `hybridize` takes (what `from_pretrained`
-        loaded a model from before `hybridize`), with its card's license where that is cached too. None for a
-        hybridized checkpoint (whose own name is no base), a local folder, or a name the cache does not hold."""
-        try:
-            config_file = try_to_load_from_cache(name, "config.json")
-        except ValueError:  # no Hub id: a path
-            return None
-        family = json.loads(Path(config_file).read_text()).get("model_type") if isinstance(config_file, str) else None
-        return cls(name=name, repo_id=name, license=hub_license(name, download=False)) if family in FAMILIES else None
-
-    def paragraph(self, config) -> str:
-        """The card's words on the base: what it is, what `hybridize` did to its weights, and its license."""
-        named = f"[{self.repo_id}]({HUB_URL}{self.repo_id})" if self.repo_id else f"`{self.name}`, a local checkpoint"
-        if self.gguf_file is not None:
-            where = f"{named}, its GGUF file" if self.repo_id else "the GGUF file"
-            named = f'{where} `{self.gguf_file}` ("{self.name}"), unpacked to float weights'
-        positional = any("positional" in layer for layer in config.head_layout)
-        added = "; positional heads add their own projection `p_attn`" if positional else ""
-        license = f"`{self.license}`, the base's" if self.license else "the base's (none was recorded with it)"
-        return (f"**Base model**: {named}. `hf_attn.hybridize` kept its weights and changed only what each head "
-                f"sees{added}. License: {license}.")  # fmt: skip
 
 
 def selection_section(config) -> str | None:

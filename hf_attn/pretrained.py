@@ -21,12 +21,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from huggingface_hub import ModelCard, try_to_load_from_cache
+from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .hub import CARD_FILE, HUB_URL, BaseModel, hub_license, hub_offline
+from .hub import hub_offline
 from .hybrid import FAMILIES, drop_gguf_quantizer
+from .provenance import BaseModel, folder_base, gguf_base, hub_license
 
 try:
     from transformers import GgufConfig
@@ -130,79 +131,6 @@ def source_argument(text: str) -> str:
 
 
 # --- where the weights come from -------------------------------------------------------------------------------
-
-# GGUF's value types (ggml's docs/gguf.md): struct formats of the scalars by type code; 8 is a string, 9 an array.
-GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-GGUF_UINT32, GGUF_UINT64, GGUF_STRING, GGUF_ARRAY = 4, 10, 8, 9
-# Header keys that may hold a GGUF file's Hub repository, the file's own first, then the one it was converted from.
-GGUF_REPO_KEYS = ("general.repo_url", "general.source.repo_url", "general.source.huggingface.repository")
-
-
-def gguf_metadata(path: str | os.PathLike, prefix: str = "general.") -> dict:
-    """The header values of a GGUF file (version 2 or later) whose keys start with `prefix`: by default its
-    `general.*` facts (name, license, source repository). Read by walking the header, skipping the rest: the `gguf`
-    package's GGUFReader parses every field first, 6 s for SmolLM2's 49,152-token vocabulary."""
-    metadata = {}
-    with open(path, "rb") as file:
-
-        def number(kind: int):
-            form = "<" + GGUF_SCALARS[kind]
-            return struct.unpack(form, file.read(struct.calcsize(form)))[0]
-
-        def value(kind: int, keep: bool):
-            if kind == GGUF_STRING:
-                text = file.read(number(GGUF_UINT64))
-                return text.decode("utf-8", "replace") if keep else None
-            if kind != GGUF_ARRAY:
-                return number(kind)
-            item_kind, count = number(GGUF_UINT32), number(GGUF_UINT64)
-            if not keep and item_kind in GGUF_SCALARS:  # skipped whole: a vocabulary's scores, token types
-                file.seek(count * struct.calcsize(GGUF_SCALARS[item_kind]), os.SEEK_CUR)
-                return None
-            return [value(item_kind, keep) for _ in range(count)]
-
-        if file.read(4) != b"GGUF" or number(GGUF_UINT32) < 2:
-            raise ValueError(f"{path} is not a GGUF file of version 2 or later")
-        number(GGUF_UINT64)  # how many tensors follow the header
-        for _ in range(number(GGUF_UINT64)):
-            key = value(GGUF_STRING, keep=True)
-            kept = value(number(GGUF_UINT32), keep=key.startswith(prefix))
-            if key.startswith(prefix):
-                metadata[key] = kept
-    return metadata
-
-
-def hub_repo(reference: str | None) -> str | None:
-    """The Hub id in a repository reference of a GGUF header ("https://huggingface.co/org/name" or "org/name"),
-    None for anything else."""
-    if not reference:
-        return None
-    repo_id = "/".join(reference.removeprefix(HUB_URL).split("/")[:2]) if reference.startswith(HUB_URL) else reference
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError:
-        return None
-    return repo_id
-
-
-def gguf_base(path: str | os.PathLike, repo_id: str | None, hub_kwargs: dict) -> BaseModel:
-    """A GGUF file's base: the Hub repository it is in (`repo_id`, else its header's), its name and license from its
-    header (the license from the repository's card where the header has none)."""
-    metadata = gguf_metadata(path)
-    repo_id = repo_id or next(filter(None, (hub_repo(metadata.get(key)) for key in GGUF_REPO_KEYS)), None)
-    license = metadata.get("general.license") or (hub_license(repo_id, **hub_kwargs) if repo_id else None)
-    return BaseModel(name=metadata.get("general.name") or Path(path).stem, repo_id=repo_id, license=license,
-                     gguf_file=Path(path).name)  # fmt: skip
-
-
-def folder_base(folder: Path) -> BaseModel | None:
-    """A local folder's base as its own card tells it: the license in its README, under the card's model name. None
-    without a card or a license there (a folder's Hub id, if any, is not recorded in it)."""
-    try:
-        card = ModelCard.load(folder / CARD_FILE).data
-    except (OSError, ValueError):
-        return None
-    return BaseModel(name=card.model_name or folder.name, license=card.license) if card.license else None
 
 
 def base_model_of(source: str | os.PathLike, location: str, kwargs: dict) -> BaseModel | None:

@@ -32,6 +32,7 @@ FSDP2 = ROOT / "configs/accelerate/fsdp2.yaml"
 # Sharded against single-process, fp32, measured here: losses within 1.4e-7 relative, weights within 2.1e-7 (Adam's
 # epsilon raised, see sharded_training.arguments); ten times that is allowed.
 LOSS_RTOL, WEIGHT_ATOL = 1.5e-6, 2e-6
+pytestmark = pytest.mark.xdist_group("fsdp")  # one worker: the module's one launch serves every test
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ import hf_attn.hub
 import training.algorithmic as algorithmic
 from hf_attn import hybridize
 from hf_attn.experiments import parse_config
-from hf_attn.hub import BaseModel
 from hf_attn.pretrained import base_model_of, load_causal_lm, resolve
+from hf_attn.provenance import BaseModel
 
 QUICKSTART = str(Path(__file__).parents[1] / "configs/algorithmic/min_cpu.yaml")
 TINY = ["--train_samples", "200", "--test_samples", "50", "--per_device_train_batch_size", "50",

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_attn.pretrained
 from hf_attn import hybridize
-from hf_attn.pretrained import PACKAGED_MODELS, gguf_metadata, load_causal_lm, load_tokenizer, resolve
+from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer, resolve
+from hf_attn.provenance import gguf_metadata
 
 VOCAB = 97
 

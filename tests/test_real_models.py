@@ -22,7 +22,8 @@ from hf_attn import HfAttnCache, hybridize
 from hf_attn.pretrained import load_causal_lm, load_tokenizer, packaged_file, resolve
 from hf_attn.select_heads import main as select_heads
 
-pytestmark = pytest.mark.real_model
+# One worker runs them all (`--dist loadgroup`): each model loads once per module and worker, a minute for Gemma's.
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real_models")]
 
 ROOT = Path(__file__).parents[1]
 VALIDATION = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
