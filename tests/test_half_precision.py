@@ -4,6 +4,8 @@ with and without padding within the tolerances of transformers' `_test_eager_mat
 stay near the same weights in float32 (an independent reference), keep each row's outputs under padding, generate the
 same tokens eager and SDPA, and train under bfloat16 autocast as in float32."""
 
+import copy
+
 import pytest
 import torch
 from conftest import tiny_config
@@ -152,3 +154,25 @@ def test_trainer_bf16_trains_a_hybridized_model(tmp_path):
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 6 and logged[-1] < logged[0]
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("dtype", HALF.values(), ids=HALF)
+@pytest.mark.parametrize("positional_encoding", ["onehot", "binary", "sinusoidal", "learned"])
+def test_a_positional_model_built_in_half_precision_runs_in_it(dtype, positional_encoding):
+    """Built with `from_config(dtype=...)` (fixed P, and GPT-2's learned one) or cast with `.to(dtype)`: every
+    parameter and P's rows in that dtype, the logits those of the float32 model."""
+    config = tiny_config("positional_gpt2", vocab_size=VOCAB, positional_encoding=positional_encoding,
+                         position_embedding_type="sinusoidal")  # fmt: skip
+    torch.manual_seed(0)
+    built = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    ids, _ = padded_batch(None, rows=2, length=9)
+    with torch.no_grad():
+        expected = reference(ids).logits
+        for model in (built, copy.deepcopy(reference).to(dtype)):
+            assert {t.dtype for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()} == {dtype}
+            logits = model(ids).logits
+            assert logits.dtype == dtype
+            scale = expected.abs().max()
+            torch.testing.assert_close(logits.float(), expected, atol=NEAR_FLOAT32[dtype] * scale, rtol=0)
