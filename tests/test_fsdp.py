@@ -131,3 +131,21 @@ def test_the_fsdp2_config_shards_each_block_of_every_block_style(launched, monke
     monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "PostLNBlock")  # naming a class the model lacks fails loudly
     with pytest.raises(ValueError, match="Could not find the transformer layer class PostLNBlock"):
         units("concat_mlp")
+
+
+def test_an_fsdp_launch_that_accelerate_runs_unsharded_is_reported(tmp_path, monkeypatch, caplog):
+    """On the CPU accelerate runs an FSDP launch unsharded without a word; the experiment scripts say so."""
+    from transformers import Trainer, TrainingArguments
+
+    from hf_attn.experiments.run import warn_if_fsdp_fell_back
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    model = AutoModelForCausalLM.from_config(tiny_config("local_gpt2"))
+    trainer = Trainer(model, TrainingArguments(tmp_path, use_cpu=True))
+    with caplog.at_level("WARNING", logger="hf_attn.experiments.run"):
+        warn_if_fsdp_fell_back(trainer)
+    assert not trainer.is_fsdp_enabled and "on the CPU every process holds the whole model" in caplog.text
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    caplog.clear()
+    warn_if_fsdp_fell_back(trainer)
+    assert caplog.text == ""

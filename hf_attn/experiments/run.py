@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from accelerate.utils import parse_flag_from_env
 from safetensors.torch import load_model
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, Trainer
 from transformers.trainer import TRAINER_STATE_NAME
@@ -39,6 +40,17 @@ def json_default(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def warn_if_fsdp_fell_back(trainer: Trainer) -> None:
+    """accelerate (1.16) has FSDP only for accelerators: launched with an FSDP config on CPU, it runs DDP without a
+    word, every process holding the whole model. Said here, so a user who asked for sharding knows it is not."""
+    if parse_flag_from_env("ACCELERATE_USE_FSDP") and not trainer.is_fsdp_enabled:
+        logger.warning(
+            "Launched with an FSDP config, but accelerate runs this as %s: it shards only on accelerators, so on "
+            "the CPU every process holds the whole model (configs/accelerate/fsdp2.yaml says more).",
+            trainer.accelerator.distributed_type,
+        )
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ class Run:
         elif is_main_process():
             self.folder.mkdir(parents=True, exist_ok=True)
             self.settings_file.write_text(json.dumps(self.settings, indent=2, default=json_default))
+        warn_if_fsdp_fell_back(trainer)
         totals = RunTotals(trainer)
         trainer.add_callback(totals)
         trainer.add_callback(LogFinalStep)
