@@ -211,13 +211,6 @@ def command_line_parser(module: str, description: str | None) -> argparse.Argume
     )
 
 
-def below_minimum(args: argparse.Namespace, minimums: dict[str, float]) -> list[str]:
-    """`--NAME must be >= MIN, got VALUE` for each argument of `args` below its minimum (one left at None is not
-    checked: its default applies)."""
-    return [f"--{name} must be >= {minimum}, got {value}" for name, minimum in minimums.items()
-            if (value := getattr(args, name)) is not None and value < minimum]  # fmt: skip
-
-
 def data_dir_problems(data_dir: str) -> list[str]:
     """What is wrong with a benchmark's `--data_dir` (a WikiText-2 folder, or '' for the Hub), found before any model
     loads: a folder that is not there, or the Hub while it is offline."""

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import below_minimum, data_dir_problems, describe_machine
+from benchmarks.common import data_dir_problems, describe_machine
 from benchmarks.hybrid_tradeoff import run_name
 from benchmarks.long_context_configs import SCORE_NAMES, UNIT, UNMODIFIED, Config, layout_for, score_groups
 from benchmarks.long_context_quality import passkey_answers, quality
@@ -62,6 +62,7 @@ from benchmarks.long_context_timing import DTYPES, WARM_UP_STEPS, timing_pairs
 from hf_attn import hybridize
 from hf_attn.data.passkey import PROMPT_FORMATS, passkey_prompts
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
+from hf_attn.experiments.arguments import below_minimums
 from hf_attn.pretrained import PACKAGED_MODELS, load_causal_lm, load_tokenizer, source_argument
 from hf_attn.select_heads import units_per_layer
 
@@ -144,7 +145,7 @@ def argument_problems(args) -> list[str]:
                         f", got {args.calibration_block_size}")  # fmt: skip
     counts = ("calibration_blocks", "score_batch_size", "keys_per_depth", "new_tokens", "passkey_batch_size",
               "ppl_blocks", "prefill_context", "timing_repeats", "threads")  # fmt: skip
-    problems += below_minimum(args, dict.fromkeys(counts, 1) | {"ppl_block_size": 2})
+    problems += below_minimums(args, dict.fromkeys(counts, 1) | {"ppl_block_size": 2}, prefix="--")
     if not WARM_UP_STEPS < args.decode_steps < args.timing_context:
         problems.append(f"--decode_steps must be in ({WARM_UP_STEPS}, --timing_context), got {args.decode_steps}")
     if "random" in args.scores and not args.random_seeds:

@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.common import below_minimum, command_line_parser, data_dir_problems, describe_machine
+from benchmarks.common import command_line_parser, data_dir_problems, describe_machine
 from hf_attn import hybridize
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
 from hf_attn.experiments import perplexity
+from hf_attn.experiments.arguments import below_minimums
 from hf_attn.hybrid import cache_bytes_per_token, original_cache_bytes_per_token
 from hf_attn.hybrid_attention import num_key_value_heads
 from hf_attn.pretrained import load_causal_lm, load_tokenizer, source_argument
@@ -81,7 +82,7 @@ def argument_problems(args) -> list[str]:
         return []
     minimums = {"eval_tokens": 1, "block_size": 4, "heal_steps": 0, "batch_size": 1, "eval_every": 1,
                 "validation_blocks": 1}  # fmt: skip
-    problems = below_minimum(args, minimums)
+    problems = below_minimums(args, minimums, prefix="--")
     if args.eval_tokens < args.block_size:
         problems.append(f"--eval_tokens must be >= --block_size ({args.block_size}), got {args.eval_tokens}")
     if not args.learning_rate > 0:

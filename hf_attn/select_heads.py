@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from .data.wikitext import HUB_DATASET, WIKITEXT_FILES, read_text_file
+from .experiments.arguments import below_minimums
 from .gate_scores import UNITS, check_count, check_score_arguments, gate_scores, retrieval_scores, units_per_layer
 from .hub import hub_offline
 from .hybrid import family_of, hybridize
@@ -229,8 +230,7 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     if not 0 <= args.local_fraction <= 1:
         problems.append(f"--local_fraction must be in [0, 1], got {args.local_fraction}")
     minimums = {"local_window": 1, "sink_tokens": 0, "num_blocks": 1, "batch_size": 1}
-    problems += [f"--{name} must be >= {minimum}, got {getattr(args, name)}" for name, minimum in minimums.items()
-                 if getattr(args, name) < minimum]  # fmt: skip
+    problems += below_minimums(args, minimums, prefix="--")
     if args.block_size <= args.sink_tokens + args.local_window + 1:
         problems.append(f"--block_size must exceed --sink_tokens + --local_window + 1 "
                         f"({args.sink_tokens + args.local_window + 1}), got {args.block_size}")  # fmt: skip

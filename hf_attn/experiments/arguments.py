@@ -215,7 +215,14 @@ def training_problems(args: TrainingArguments, output_dir_given: bool) -> list[s
 
 def below(*names: str, of, least: int = 1) -> list[str]:
     """`NAME must be >= least, got VALUE` for each of the fields `names` of `of` below `least`."""
-    return [f"{name} must be >= {least}, got {getattr(of, name)}" for name in names if getattr(of, name) < least]
+    return below_minimums(of, dict.fromkeys(names, least))
+
+
+def below_minimums(of, minimums: dict[str, float], prefix: str = "") -> list[str]:
+    """`PREFIXNAME must be >= MIN, got VALUE` for each field of `of` below its minimum (`prefix` "--" for command-line
+    flags); a field left None, whose default then applies, is not checked."""
+    return [f"{prefix}{name} must be >= {minimum}, got {value}" for name, minimum in minimums.items()
+            if (value := getattr(of, name)) is not None and value < minimum]  # fmt: skip
 
 
 def invalid_configuration(problems: list[str]) -> None:
