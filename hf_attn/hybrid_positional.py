@@ -21,7 +21,7 @@ from torch import nn
 from .cache_hf_attn import widened_to_slots
 from .hybrid_attention import POSITIONAL_ROWS, head_dim
 from .position_encodings_hf_attn import FIXED_ROWS
-from .positions_hf_attn import position_ids_from, query_columns, tracing
+from .positions_hf_attn import query_and_key_positions, tracing
 
 POSITIONAL_ENCODINGS = tuple(FIXED_ROWS)
 # The fields a hybridized config adds for positional heads and numbers, with their defaults (None: derived).
@@ -141,19 +141,14 @@ def positional_rows(config, kwargs: dict, cache, length: int, device, dtype) -> 
     static = cache is not None and cache.is_compileable
     mask = widened_to_slots(mask, cache)
     num_keys = cache.get_max_length() if static else None
-    key_positions, _ = position_ids_from(mask, past, length, device, num_keys)
-    position_ids = kwargs.get("position_ids")
-    if position_ids is not None and isinstance(past, int) and past == 0:
-        key_positions = position_ids
-    if position_ids is None:
-        position_ids = past + torch.arange(length, device=device)[None] if mask is None else (
-            query_columns(key_positions, past, length))  # fmt: skip
-    if num_keys is not None and key_positions.shape[-1] < num_keys:  # the slots after the new tokens: empty
-        key_positions = torch.nn.functional.pad(key_positions, (0, num_keys - key_positions.shape[-1]))
+    # Packed documents need no pair mask here: the family's own mask keeps them apart.
+    position_ids, key_positions, _, _ = query_and_key_positions(
+        kwargs.get("position_ids"), mask, None, past, length, num_keys, {"restarts": False}, device
+    )
     check_positions_fit(config, key_positions)
     encode = FIXED_ROWS[config.positional_encoding]
     return tuple(
-        encode(p, config.positional_encoding_dim).to(dtype) for p in (position_ids.view(-1, length), key_positions)
+        encode(p, config.positional_encoding_dim).to(dtype) for p in (position_ids, key_positions)
     )
 
 
