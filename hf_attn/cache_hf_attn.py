@@ -289,6 +289,15 @@ class GenerateWithHfAttnCache:
                 recurrent_states_to_keep=generation_config.num_assistant_tokens
             )
 
+    def init_continuous_batching(self, generation_config=None, continuous_batching_config=None, workload_hints=None):
+        """transformers' continuous batching (`generate_batch`, `transformers serve --continuous-batching`) with a
+        paged cache that keeps of each key/value head what its query heads read (`hf_attn.serving`)."""
+        try:
+            from hf_attn.serving.batching import init_continuous_batching
+        except ImportError as error:  # remote code, without hf_attn installed
+            raise ImportError(f"Continuous batching of {self.cache_users} needs the hf_attn package") from error
+        return init_continuous_batching(self, generation_config, continuous_batching_config, workload_hints)
+
 
 def adopted_cache(cache, config: HfAttnConfig) -> HfAttnCache:
     """Another model's kind of cache, e.g. PEFT's prefix of virtual tokens (a `DynamicCache`, or a legacy tuple of

@@ -215,6 +215,8 @@ def hybrid_forward(family_forward: Callable) -> Callable:
         use_cache = self.config.use_cache if use_cache is None else use_cache
         given = kwargs.get("cache")
         given = kwargs.get("past_key_values") if given is None else given
+        if hasattr(given, "begin_forward"):  # a paged cache, under continuous batching (`hf_attn.serving`)
+            return family_forward(self, *args, **given.begin_forward(self, kwargs))
         if use_cache and len(args) <= 1 and given is None:
             kwargs["cache"] = given = HfAttnCache(self.config)
         if isinstance(given, HfAttnCache) and self.config.sink_tokens:

@@ -102,6 +102,8 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
     the mask transformers built (None when causal order says it all, else a boolean (B|1, 1, T, S)).
     Returns (B, T, H, D), and with `output_attentions` the (B, H, T, S) weights, else None. Positional heads read
     P's rows from `kwargs[POSITIONAL_ROWS]`, which the model's forward puts there."""
+    if hasattr(key, "hybrid_attention"):  # a paged cache's layer, under continuous batching (`hf_attn.serving`)
+        return key.hybrid_attention(module, query, scaling, dropout)
     heads: LayerHeads = module.hf_attn_heads
     rows = kwargs.get(POSITIONAL_ROWS)
     if "positional" in heads.heads and rows is None:

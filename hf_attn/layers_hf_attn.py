@@ -248,6 +248,8 @@ class HfAttnAttention(nn.Module):
         cache_layer: HeadKindLayer | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if hasattr(cache_layer, "layer_attention"):  # a paged cache, under continuous batching (`hf_attn.serving`)
+            return cache_layer.layer_attention(self, hidden_states, inputs), None
         batch, length, _ = hidden_states.shape
         q, k, v = self.split_heads(hidden_states, inputs.rotary)
         dropout = self.attn_dropout.p if self.training else 0.0

@@ -199,6 +199,8 @@ class HfAttnModel(HfAttnPreTrainedModel):
             Which positions take their embedding from `numeric_values`.
         """
         cache = kwargs.pop("past_key_values", cache)
+        if hasattr(cache, "begin_forward"):  # a paged cache, under continuous batching (`hf_attn.serving`)
+            return self.paged_forward(input_ids, cache, position_ids, kwargs)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         length = check_shapes(input_ids, inputs_embeds, numeric_values, attention_mask)
         pair_mask = None
@@ -231,6 +233,19 @@ class HfAttnModel(HfAttnPreTrainedModel):
             hidden_states = block(hidden_states, inputs, cache_layer, output_attentions)
         return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states), cache=cache if use_cache else None)
 
+    def paged_forward(self, input_ids: torch.LongTensor, cache, position_ids: torch.LongTensor, kwargs: dict):
+        """Continuous batching's one flat row of requests (`hf_attn.serving`): positions as it gives them, each
+        layer's attention by the paged cache."""
+        cache.begin_forward(self, {**kwargs, "position_ids": position_ids})
+        hidden_states = self.embed_inputs(input_ids, None, None)
+        if hasattr(self, "wpe"):
+            hidden_states = hidden_states + self.wpe(position_ids).to(hidden_states.dtype)
+        inputs = self.attention_inputs(None, position_ids, position_ids)
+        for block, cache_layer in zip(self.h, cache.layers, strict=True):
+            hidden_states = block(hidden_states, inputs, cache_layer)
+        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states))
+
+
 
 # --- heads -----------------------------------------------------------------------------------------------------
 
@@ -258,7 +273,7 @@ class HfAttnLMHeadModel(GenerateWithHfAttnCache, HfAttnPreTrainedModel, Generati
         numeric_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """`labels` are the inputs (shifted inside the loss), -100 where ignored; see `HfAttnModel.forward`."""
@@ -268,7 +283,9 @@ class HfAttnLMHeadModel(GenerateWithHfAttnCache, HfAttnPreTrainedModel, Generati
             return_dict=True, **kwargs,
         )  # fmt: skip
         hidden_states = outputs.last_hidden_state
-        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        # the last `logits_to_keep` positions (0: all), or those a tensor lists (continuous batching's)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, kept])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
