@@ -26,14 +26,19 @@ from .paged_cache import EVERY_TOKEN, SINKS_AND_WINDOW, CachePlan, HeadsKept
 
 @dataclass
 class PagedBatch:
-    """One forward's requests: each query's position and request, each group's keys' positions and requests, the
-    masks made from them (once per visibility and group, for every layer), and P's rows where positional heads
-    read them."""
+    """One forward's requests: each query's and each group's keys' positions, where each request's queries and keys
+    lie, and the masks made from them (once per visibility and group, for every layer); P's rows where positional
+    heads read them.
+
+    Attention runs request by request rather than over the whole row under one block-diagonal mask: the requests
+    with one new token (decoding) together, their keys gathered into a padded batch; each request with several
+    (a prompt, a chunk of one) alone. Over the whole row every query would be scored against every request's keys.
+    """
 
     query_positions: torch.Tensor  # (M,)
-    query_requests: torch.Tensor  # (M,)
     key_positions: dict[str, torch.Tensor]  # group -> (K,)
-    key_requests: dict[str, torch.Tensor]
+    query_spans: list[tuple[int, int]]  # per request: its queries in the row
+    key_spans: dict[str, list[tuple[int, int]]]  # group -> per request: its keys in the group's
     read_index: list[torch.Tensor]  # per group, the slots each layer reads, and those it writes
     write_index: list[torch.Tensor]
     positional_rows: object = None  # positions -> P's rows, for models with positional heads
@@ -46,9 +51,8 @@ class PagedBatch:
         cu_q = kwargs["cu_seq_lens_q"].long()
         requests = torch.arange(len(cu_q) - 1, device=positions.device)
         query_lengths = cu_q.diff()
-        query_requests = requests.repeat_interleave(query_lengths, output_size=len(positions))
         past = positions[cu_q[:-1].clamp(max=max(len(positions) - 1, 0))]  # each request's first new position
-        key_positions, key_requests = {}, {}
+        key_positions, key_spans = {}, {}
         for group, cu_k in kwargs["cu_seq_lens_k"].items():
             cu_k = cu_k.long()
             key_lengths = cu_k.diff()
@@ -58,17 +62,48 @@ class PagedBatch:
             sinks = past.clamp(max=plan.sinks if group == SINKS_AND_WINDOW else 0)[owner]
             shift = (past + query_lengths - key_lengths)[owner]
             key_positions[group] = torch.where(offset < sinks, offset, offset + shift)
-            key_requests[group] = owner
-        return cls(positions, query_requests, key_positions, key_requests, kwargs["read_index"], kwargs["write_index"],
+            key_spans[group] = _spans(cu_k)
+        return cls(positions, key_positions, _spans(cu_q), key_spans, kwargs["read_index"], kwargs["write_index"],
                    positional_rows)  # fmt: skip
 
-    def mask(self, visibility: Visibility, group: str) -> torch.Tensor:
-        """(1, 1, M, K) bool: who sees whom, within each request."""
-        key = (visibility, group)
+    @property
+    def decoding(self) -> list[int]:
+        """The requests with one new token."""
+        return [r for r, (start, end) in enumerate(self.query_spans) if end - start == 1]
+
+    def decoding_keys(self, group: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoding requests' queries (R,), and their keys in the group gathered into rows (R, longest), with
+        which of them are real."""
+        key = ("decoding", group)
         if key not in self.memo:
-            same = self.query_requests[:, None] == self.key_requests[group][None, :]
-            seen = visibility.predicate(self.query_positions[:, None], self.key_positions[group][None, :])
-            self.memo[key] = (same & seen)[None, None]
+            device = self.query_positions.device
+            spans = [self.key_spans[group][r] for r in self.decoding]
+            longest = max(end - start for start, end in spans)
+            columns = torch.arange(longest, device=device)
+            starts = torch.tensor([start for start, _ in spans], device=device)
+            lengths = torch.tensor([end - start for start, end in spans], device=device)
+            real = columns < lengths[:, None]
+            index = torch.where(real, starts[:, None] + columns, 0)
+            queries = torch.tensor([self.query_spans[r][0] for r in self.decoding], device=device)
+            self.memo[key] = queries, index, real
+        return self.memo[key]
+
+    def decoding_mask(self, visibility: Visibility, group: str) -> torch.Tensor:
+        """(R, 1, 1, longest) bool: which gathered key each decoding query sees."""
+        key = ("decoding_mask", visibility, group)
+        if key not in self.memo:
+            queries, index, real = self.decoding_keys(group)
+            seen = visibility.predicate(self.query_positions[queries, None], self.key_positions[group][index])
+            self.memo[key] = (seen & real)[:, None, None]
+        return self.memo[key]
+
+    def request_mask(self, visibility: Visibility, group: str, request: int) -> torch.Tensor:
+        """(1, 1, queries, keys) bool: who sees whom within one request."""
+        key = ("request_mask", visibility, group, request)
+        if key not in self.memo:
+            (q_start, q_end), (k_start, k_end) = self.query_spans[request], self.key_spans[group][request]
+            queries, keys = self.query_positions[q_start:q_end], self.key_positions[group][k_start:k_end]
+            self.memo[key] = visibility.predicate(queries[:, None], keys[None, :])[None, None]
         return self.memo[key]
 
     def layer(self, groups: dict, kept: dict[str, HeadsKept]) -> PagedLayer:
@@ -132,7 +167,7 @@ class PagedLayer:
         """(1, H, M, D): query heads (1, H, M, d) each reading its key/value head in `kv_heads`; positional heads
         (`positional`: P's rows -> (1, H, N, qk) keys) score P's keys instead of the cache's."""
         sources = [self.source(g) for g in kv_heads]
-        out = [None] * len(kv_heads)
+        out = None
         for group in dict.fromkeys(s[0] for s in sources):
             which = [i for i, s in enumerate(sources) if s[0] == group]
             keys, values = self.groups[group]
@@ -141,10 +176,29 @@ class PagedLayer:
                 k = keys[:, [sources[i][1] for i in which]]
             else:
                 k = positional(self.batch.rows(group))[:, which]
-            mask = self.batch.mask(visibility, group)
-            for i, o in zip(which, masked_sdpa(query[:, which], k, v, mask, scaling, dropout).unbind(1), strict=True):
-                out[i] = o
-        return torch.stack(out, dim=1)
+            part = self.attend_by_request(query[:, which], k, v, visibility, group, scaling, dropout)
+            if out is None and len(which) == len(kv_heads):
+                return part
+            out = query.new_zeros(*query.shape[:-1], v.shape[-1]) if out is None else out
+            out[:, which] = part
+        return out
+
+    def attend_by_request(self, q, k, v, visibility: Visibility, group: str, scaling: float, dropout: float):
+        """(1, H, M, D): the decoding requests in one padded batch, each other request alone (see `PagedBatch`)."""
+        batch = self.batch
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+        if decoding := batch.decoding:
+            queries, index, _ = batch.decoding_keys(group)
+            mask = batch.decoding_mask(visibility, group)
+            q_rows = q[0, :, queries].transpose(0, 1)[:, :, None]  # (R, H, 1, d)
+            k_rows, v_rows = (x[0][:, index].transpose(0, 1) for x in (k, v))  # (R, H, longest, d)
+            out[0, :, queries] = masked_sdpa(q_rows, k_rows, v_rows, mask, scaling, dropout)[:, :, 0].transpose(0, 1)
+        for request in sorted(set(range(len(batch.query_spans))) - set(decoding)):
+            (q_start, q_end), (k_start, k_end) = batch.query_spans[request], batch.key_spans[group][request]
+            mask = batch.request_mask(visibility, group, request)
+            out[:, :, q_start:q_end] = masked_sdpa(q[:, :, q_start:q_end], k[:, :, k_start:k_end],
+                                                   v[:, :, k_start:k_end], mask, scaling, dropout)  # fmt: skip
+        return out
 
     def hybrid_attention(self, module, query: torch.Tensor, scaling: float, dropout: float = 0.0):
         """A hybridized layer's attention (see `hybrid_attention`): (1, M, H, D), no weights."""
@@ -164,6 +218,11 @@ class PagedLayer:
             for h, o in zip(indices, result.unbind(1), strict=True):
                 out[h] = o
         return torch.stack(out, dim=2), None
+
+
+def _spans(cumulative: torch.Tensor) -> list[tuple[int, int]]:
+    bounds = cumulative.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _keys(attention, rows: torch.Tensor) -> torch.Tensor:
