@@ -187,12 +187,24 @@ def test_one_cache_budget_holds_more_requests_when_half_the_heads_are_local():
     assert hybridized >= 1.5 * unmodified, (hybridized, unmodified)
 
 
+def test_requests_the_cache_cannot_hold_wait_or_restart_and_still_give_their_own_tokens():
+    """A budget of 24 blocks of 4 tokens under 6 requests of 30-60 tokens that grow by 12: the scheduler holds some
+    back and takes the cache from others (transformers' soft reset, the request recomputed later)."""
+    model = float32_model("hybridized llama")
+    requests = prompts((30, 60, 45, 33, 52, 40))
+    cb = ContinuousBatchingConfig(page_size=4, num_blocks=24, max_batch_tokens=32, return_logprobs=True)
+    outputs = model.generate_batch(requests, greedy(12), continuous_batching_config=cb, progress_bar=False)
+    assert_as_alone(model, outputs, requests, 12)
+
+
 def test_what_continuous_batching_cannot_do_is_refused_by_name():
     model = float32_model("hybridized llama")
     config = greedy(4)
     config.num_return_sequences = 2
     with pytest.raises(ValueError, match="num_return_sequences"):
         model.init_continuous_batching(config, ContinuousBatchingConfig(**CONFIG))
+    with pytest.raises(ValueError, match="cpu_offload_space"):
+        model.init_continuous_batching(greedy(4), ContinuousBatchingConfig(**CONFIG, cpu_offload_space=1.0))
     bidirectional = float32_model("local_gpt2")
     bidirectional.config.is_causal = False
     with pytest.raises(ValueError, match="is_causal"):

@@ -9,7 +9,8 @@ models answer with `HeadKindBatchingManager`. What it changes, and why:
   flash kernel, which know nothing of head kinds);
 - its batch processor gets `HeadKindPagedCache` and no transformers mask (both are named inside
   `_create_batch_processor`, so they are swapped there for that call alone);
-- CUDA graphs and prefix sharing are off: the masks are made per forward and a window's pages change hands.
+- CUDA graphs, prefix sharing and offloading to the CPU are off: the masks are made per forward and a window's pages
+  change hands; a request the cache cannot hold any more is restarted (transformers' soft reset).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class HeadKindBatchingManager(ContinuousBatchingManager):
             )
         if not getattr(model.config, "is_causal", True):
             raise ValueError("Continuous batching generates left to right: it needs a causal model (`is_causal=True`)")
+        if continuous_batching_config.cpu_offload_space:
+            raise ValueError(
+                "`cpu_offload_space` must be 0 under continuous batching of hf_attn models (a window's pages are not "
+                "a dense table to copy out and back): a request that does not fit is restarted instead, got "
+                f"{continuous_batching_config.cpu_offload_space}"
+            )
         continuous_batching_config.use_cuda_graph = False
         continuous_batching_config.allow_block_sharing = False
         super().__init__(model, generation_config, continuous_batching_config, workload_hints)
