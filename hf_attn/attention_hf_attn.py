@@ -32,11 +32,13 @@ MIN_CHUNK = 32
 # --- shared pieces ---------------------------------------------------------------------------------------------
 
 
-def masked_sdpa(q, k, v, mask: torch.Tensor, scale: float, dropout: float) -> torch.Tensor:
-    """SDPA with a boolean mask; rows with no visible key give zeros on every backend (no NaN, no gradient)."""
+def masked_sdpa(q, k, v, mask: torch.Tensor, scale: float, dropout: float, enable_gqa: bool = False) -> torch.Tensor:
+    """SDPA with a boolean mask; rows with no visible key give zeros on every backend (no NaN, no gradient).
+    `enable_gqa`: fewer key/value heads than query heads, each read by as many consecutive query heads."""
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1|H, T, 1)
     # Unmask empty rows so no backend sees a fully masked row, then zero their output.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout, scale=scale,
+                                         enable_gqa=enable_gqa)  # fmt: skip
     return out * has_key.to(out.dtype)
 
 

@@ -21,7 +21,7 @@ from ..head_kinds_hf_attn import HEAD_KINDS
 from ..hybrid_attention import POSITIONAL_VISIBILITY, LayerHeads, num_key_value_heads, positional_projection
 from ..position_encodings_hf_attn import FIXED_ROWS
 from ..visibility_hf_attn import Visibility
-from .paged_cache import EVERY_TOKEN, SINKS_AND_WINDOW, CachePlan, HeadsKept
+from .paged_cache import EVERY_TOKEN, SINKS_AND_WINDOW, CachePlan, HeadsKept, PageSlots
 
 
 @dataclass
@@ -106,6 +106,13 @@ class PagedBatch:
             self.memo[key] = visibility.predicate(queries[:, None], keys[None, :])[None, None]
         return self.memo[key]
 
+    def slots(self, group, index: int) -> PageSlots:
+        """The group's (the `index`-th allocator's) slots read and written, once per forward for every layer."""
+        key = ("slots", index)
+        if key not in self.memo:
+            self.memo[key] = group.slots(self.read_index[index], self.write_index[index])
+        return self.memo[key]
+
     def layer(self, groups: dict, kept: dict[str, HeadsKept]) -> PagedLayer:
         return PagedLayer(groups, kept, self)
 
@@ -171,11 +178,13 @@ class PagedLayer:
         for group in dict.fromkeys(s[0] for s in sources):
             which = [i for i, s in enumerate(sources) if s[0] == group]
             keys, values = self.groups[group]
-            v = values[:, [sources[i][2] for i in which]]
+            v, repeats = _heads(values, [sources[i][2] for i in which])
             if positional is None:
-                k = keys[:, [sources[i][1] for i in which]]
-            else:
-                k = positional(self.batch.rows(group))[:, which]
+                k, key_repeats = _heads(keys, [sources[i][1] for i in which])
+            else:  # one key per query head
+                k, key_repeats = positional(self.batch.rows(group))[:, which], 1
+            if key_repeats != repeats:
+                k, v = _repeated(k, key_repeats), _repeated(v, repeats)
             part = self.attend_by_request(query[:, which], k, v, visibility, group, scaling, dropout)
             if out is None and len(which) == len(kv_heads):
                 return part
@@ -184,20 +193,24 @@ class PagedLayer:
         return out
 
     def attend_by_request(self, q, k, v, visibility: Visibility, group: str, scaling: float, dropout: float):
-        """(1, H, M, D): the decoding requests in one padded batch, each other request alone (see `PagedBatch`)."""
+        """(1, H, M, D): the decoding requests in one padded batch, each other request alone (see `PagedBatch`).
+        Fewer key/value heads than query heads are read as grouped-query attention, without copies."""
         batch = self.batch
+        gqa = k.shape[1] != q.shape[1]
         out = q.new_zeros(*q.shape[:-1], v.shape[-1])
         if decoding := batch.decoding:
             queries, index, _ = batch.decoding_keys(group)
             mask = batch.decoding_mask(visibility, group)
             q_rows = q[0, :, queries].transpose(0, 1)[:, :, None]  # (R, H, 1, d)
-            k_rows, v_rows = (x[0][:, index].transpose(0, 1) for x in (k, v))  # (R, H, longest, d)
-            out[0, :, queries] = masked_sdpa(q_rows, k_rows, v_rows, mask, scaling, dropout)[:, :, 0].transpose(0, 1)
+            k_rows, v_rows = (x[0][:, index].transpose(0, 1) for x in (k, v))  # (R, H_kv, longest, d)
+            rows = masked_sdpa(q_rows, k_rows, v_rows, mask, scaling, dropout, enable_gqa=gqa)
+            out[0, :, queries] = rows[:, :, 0].transpose(0, 1)
         for request in sorted(set(range(len(batch.query_spans))) - set(decoding)):
             (q_start, q_end), (k_start, k_end) = batch.query_spans[request], batch.key_spans[group][request]
             mask = batch.request_mask(visibility, group, request)
             out[:, :, q_start:q_end] = masked_sdpa(q[:, :, q_start:q_end], k[:, :, k_start:k_end],
-                                                   v[:, :, k_start:k_end], mask, scaling, dropout)  # fmt: skip
+                                                   v[:, :, k_start:k_end], mask, scaling, dropout,
+                                                   enable_gqa=gqa)  # fmt: skip
         return out
 
     def hybrid_attention(self, module, query: torch.Tensor, scaling: float, dropout: float = 0.0):
@@ -218,6 +231,23 @@ class PagedLayer:
             for h, o in zip(indices, result.unbind(1), strict=True):
                 out[h] = o
         return torch.stack(out, dim=2), None
+
+
+def _heads(x: torch.Tensor, index: list[int]) -> tuple[torch.Tensor, int]:
+    """The heads of `x` (1, heads, N, d) that `index` lists, one per query head, and how many query heads read each:
+    where each is read by the same number of consecutive query heads (grouped-query attention), each once, a view
+    where they are consecutive; else one copy per query head."""
+    unique = list(dict.fromkeys(index))
+    repeats = len(index) // len(unique)
+    if index != [h for h in unique for _ in range(repeats)]:
+        return x[:, index], 1
+    if unique == list(range(unique[0], unique[0] + len(unique))):
+        return x[:, unique[0] : unique[0] + len(unique)], repeats
+    return x[:, unique], repeats
+
+
+def _repeated(x: torch.Tensor, repeats: int) -> torch.Tensor:
+    return x if repeats == 1 else x.repeat_interleave(repeats, dim=1)
 
 
 def _spans(cumulative: torch.Tensor) -> list[tuple[int, int]]:

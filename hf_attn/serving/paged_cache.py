@@ -194,23 +194,41 @@ class PageGroup(CacheAllocator):
 
     # --- the forward's reads and writes -------------------------------------------------------------------------
 
+    def slots(self, read_index: torch.Tensor, write_index: torch.Tensor) -> PageSlots:
+        """A forward's indices as (block, offset) pairs, for every layer of the group."""
+        size = self.tokens_per_page
+        new_rows = (read_index == self.sentinel_index).nonzero().squeeze(-1)
+        return PageSlots(read_index // size, read_index % size, new_rows, write_index // size, write_index % size)
+
     def update(self, key_states: torch.Tensor | None, value_states: torch.Tensor, layer_idx: int,
-               read_index: torch.Tensor, write_index: torch.Tensor):  # fmt: skip
+               slots: PageSlots):  # fmt: skip
         """Keys (or None) and values (N, heads, dim) of the new tokens in, the past ones read out before them
         (N', heads, dim), each request's in turn; then the new tokens kept are written."""
-        keys_view, values_view = self.views[layer_idx]
-        read_blocks, read_offsets = read_index // self.tokens_per_page, read_index % self.tokens_per_page
-        write_blocks, write_offsets = write_index // self.tokens_per_page, write_index % self.tokens_per_page
-        new_rows = (read_index == self.sentinel_index)[:, None, None]
         out = []
-        for view, new in ((keys_view, key_states), (values_view, value_states)):
+        for view, new in zip(self.views[layer_idx], (key_states, value_states), strict=True):
             if view is None:
                 out.append(None)
                 continue
-            every = view[read_blocks, read_offsets].masked_scatter_(new_rows, new) if read_index.numel() else new
-            view.index_put_((write_blocks, write_offsets), new)
+            if slots.read_blocks.numel():
+                every = view[slots.read_blocks, slots.read_offsets]
+                every[slots.new_rows] = new
+            else:
+                every = new
+            view[slots.write_blocks, slots.write_offsets] = new
             out.append(every)
         return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class PageSlots:
+    """One forward's reads and writes in a group, as (block, offset) pairs: the slots read (new tokens at
+    `new_rows` among them) and those written."""
+
+    read_blocks: torch.Tensor
+    read_offsets: torch.Tensor
+    new_rows: torch.Tensor
+    write_blocks: torch.Tensor
+    write_offsets: torch.Tensor
 
 
 class HeadKindPagedCache(PagedAttentionCache):
@@ -290,8 +308,7 @@ class HeadKindPagedCache(PagedAttentionCache):
                 continue
             k = keys[:, list(kept.key_heads)] if kept.key_heads else None
             v = values[:, list(kept.value_heads)]
-            read_index, write_index = self.batch.read_index[index], self.batch.write_index[index]
-            k, v = allocator.update(k, v, layer_idx, read_index, write_index)
+            k, v = allocator.update(k, v, layer_idx, self.batch.slots(allocator, index))
             groups[name] = (None if k is None else k.transpose(0, 1)[None], v.transpose(0, 1)[None])
         layer = self.batch.layer(groups, self.plan.layers[layer_idx])
         return layer, layer
