@@ -9,6 +9,7 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -187,6 +188,13 @@ def describe_machine(device: str) -> str:
     else:
         where = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     return f"torch {torch.__version__}, {where}"
+
+
+def machine_load() -> dict:
+    """`uptime`'s line and the load averages; idle: the last minute's below 0.3."""
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    load = os.getloadavg()
+    return {"uptime": uptime, "load_average": load, "idle": load[0] < 0.3}
 
 
 def rss_bytes() -> int:

@@ -21,15 +21,13 @@ Writes OUTPUT_DIR/{results.json, results.md}; `--stored_only` rewrites results.m
 
 import json
 import math
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.common import command_line_parser, data_dir_problems, describe_machine
+from benchmarks.common import command_line_parser, data_dir_problems, describe_machine, machine_load
 from hf_attn import hybridize
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
 from hf_attn.experiments import perplexity
@@ -111,13 +109,6 @@ def load(args):
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
                          initializer_range=1.0)  # fmt: skip
     return LlamaForCausalLM(config).eval(), tokenizer
-
-
-def machine_load() -> dict:
-    """`uptime`'s line and the load averages; idle: the last minute's below 0.3."""
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    load = os.getloadavg()
-    return {"uptime": uptime, "load_average": load, "idle": load[0] < 0.3}
 
 
 @torch.no_grad()

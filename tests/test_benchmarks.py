@@ -364,3 +364,105 @@ def test_positional_conversion_refuses_bad_arguments_in_one_line_before_any_mode
     with pytest.raises(SystemExit):
         positional_conversion.main([*data_dir, *argv])
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_serving_benchmark_serves_every_request_under_one_budget_and_rewrites_its_report(tmp_path):
+    """--quick on a tiny random Llama (4 query heads over 2 key/value groups, one group of each layer 16-local with 2
+    sinks, chosen by a stored score as benchmarks.long_context stores it): both models generate every token under the
+    same cache bytes, the hybridized one holding at least as many requests at once; results.json has every field the
+    report reads, and --report rewrites results.md byte for byte."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks import serving
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    scores = tmp_path / "layout" / "scores" / "gate-k16-s2.json"
+    scores.parent.mkdir(parents=True)
+    scores.write_text(json.dumps({"scores": [[0.3, 0.1], [0.05, 0.2]]}))  # lowest local: group 1, then group 0
+    shared, folder = ROOT.parent / "shared" / "data", tmp_path / "out"
+    serving.main(["--quick", "--model", str(tmp_path / "model"), "--tokenizer", str(shared / "gpt2-tokenizer"),
+                  "--data-dir", str(shared / "wikitext-2-raw"), "--layout-dir", str(tmp_path / "layout"),
+                  "--local-window", "16", "--sink-tokens", "2", "--output-dir", str(folder)])  # fmt: skip
+    result = json.loads((folder / "results.json").read_text())
+    assert result["layout"] == {"name": "k16-s2-f0.5-gate", "local_groups": 2, "groups": 4, "scores": str(scores)}
+    assert sorted(result["workload"]["prompt_tokens"]) == [128, 183, 238, 293, 347, 402, 457, 512]
+    assert result["batching_config"]["num_blocks"] == 33  # room for 4 requests of 512 + 16 tokens, pages of 64
+    runs = result["runs"]
+    for run in runs.values():
+        assert {key for key, *_ in serving.MEASURES} <= set(run)
+        assert [request["generated_tokens"] for request in run["requests"]] == [16] * 8
+        assert all(0 < request["ttft_seconds"] <= request["latency_seconds"] for request in run["requests"])
+        assert 1 <= run["max_decoding"] <= run["max_active"] <= 8 and run["tokens_per_second"] > 0
+        assert run["cache_bytes"] == pytest.approx(runs["unmodified"]["cache_bytes"], rel=0.05)  # one budget
+    assert runs["hybridized"]["max_active"] >= runs["unmodified"]["max_active"]
+    assert set(result["ratios"]) == {key for key, *_ in serving.MEASURES}
+    assert set(result["versions"]) >= {"transformers", "torch"} and result["command"].startswith("python -m benchmarks")
+    assert result["code"]["commit"] and isinstance(result["code"]["uncommitted"], list)
+    assert {"uptime", "load_average"} <= set(result["machine"]["before"]) & set(result["machine"]["after"])
+    written = (folder / "results.md").read_bytes()
+    assert b"| requests decoding at once, most | " in written and b"| >= 1.8x |" in written
+    (folder / "results.md").unlink()
+    serving.main(["--report", "--output-dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written
+
+
+@pytest.mark.xdist_group("serving")  # with tests/test_serving_http.py: each server takes both cores while it starts
+def test_serving_http_benchmark_answers_every_client_and_rewrites_its_report(tmp_path):
+    """--quick end to end: a tiny random Llama saved unmodified and hybridized, served in turn by `transformers serve`
+    and by hf_attn's server under the same flags, 12 streamed completions from 4 clients each; every request gets
+    all its tokens, no error, every field the report reads is there, and --report rewrites results.md byte for
+    byte."""
+    from benchmarks import serving_http
+
+    data, folder, checkpoints = ROOT.parent / "shared" / "data" / "wikitext-2-raw", tmp_path / "out", tmp_path / "ckpt"
+    serving_http.main(["--quick", "--threads", "1", "--data-dir", str(data), "--output-dir", str(folder),
+                       "--checkpoint-dir", str(checkpoints)])  # fmt: skip
+    result = json.loads((folder / "results.json").read_text())
+    assert result["model"] == "tiny-random-llama" and result["family"] == "llama" and result["dtype"] == "float32"
+    assert (result["layers"], result["heads"], result["key_value_heads"]) == (2, 4, 2) and result["parameters"] > 0
+    assert result["layout"] == {"name": "k32-s2-f0.5-random-seed0", "local_groups": 2, "groups": 4, "scores": None}
+    workload = result["workload"]
+    assert {k: v for k, v in workload.items() if k != "prompt_tokens"} == {"requests": 12, "clients": 4,
+            "new_tokens": 16, "text": "WikiText-2 test", "endpoint": "/v1/completions"}  # fmt: skip
+    assert len(workload["prompt_tokens"]) == 12 and all(60 <= n <= 270 for n in workload["prompt_tokens"])
+    # 17 blocks: room for 4 requests of 256 + 16 tokens in pages of 64
+    assert result["server_flags"] == {"continuous_batching": True, "cb_num_blocks": 17, "cb_block_size": 64,
+                                      "cb_max_batch_tokens": 1024, "device": "cpu", "dtype": "float32",
+                                      "threads": 1}  # fmt: skip
+    runs = result["runs"]
+    assert set(runs) == {"unmodified", "hybridized"}
+    for name, run in runs.items():
+        assert {key for key, _ in serving_http.MEASURES} <= set(run) and run["errors"] == 0
+        assert run["server"] == serving_http.SERVERS[name][0] and f" {checkpoints / name} " in run["command"]
+        for flag in ("--continuous-batching", "--cb-num-blocks 17 ", "--cb-block-size 64 ", "--device cpu"):
+            assert flag in run["command"]
+        assert ", continuous batching, stream" in Path(run["log"]).read_text()  # the server's line per request
+        requests = run["requests"]
+        assert sorted(request["index"] for request in requests) == list(range(12))
+        assert {request["client"] for request in requests} == set(range(4))
+        assert [request["prompt_tokens"] for request in requests] == workload["prompt_tokens"]  # the server's count
+        assert all(request["generated_tokens"] == 16 and request["error"] is None for request in requests)
+        assert all(0 < r["ttft_seconds"] <= r["latency_seconds"] and r["end"] <= run["wall_seconds"] for r in requests)
+        assert run["generated_tokens"] == 12 * 16
+        assert run["tokens_per_second"] == pytest.approx(run["generated_tokens"] / run["wall_seconds"])
+        assert 0 < run["ttft_p50_seconds"] <= run["ttft_p95_seconds"] and run["startup_seconds"] > 0
+        assert 0 < run["latency_p50_seconds"] <= run["latency_p95_seconds"] <= run["wall_seconds"]
+        assert {"uptime", "load_average"} <= set(run["machine"]["before"]) & set(run["machine"]["after"])
+    assert result["ratios"]["errors"] is None  # 0 errors: no ratio
+    assert result["ratios"]["generated_tokens"] == 1.0
+    assert set(result["ratios"]) == {key for key, _ in serving_http.MEASURES}
+    assert set(result["versions"]) >= {"transformers", "torch", "httpx", "fastapi", "uvicorn", "python"}
+    assert result["command"].startswith("python -m benchmarks.serving_http --quick")
+    assert result["code"]["commit"] and isinstance(result["code"]["uncommitted"], list)
+    assert {"uptime", "load_average"} <= set(result["machine"]["before"]) & set(result["machine"]["after"])
+    assert result["settings"]["quick"] and result["wall_seconds"] > 0
+    for name in runs:  # each checkpoint with its tokenizer
+        assert (checkpoints / name / "config.json").is_file() and (checkpoints / name / "tokenizer.json").is_file()
+    written = (folder / "results.md").read_bytes()
+    assert b"| generated tokens/s | " in written and b"| errors | 0 | 0 | - |" in written
+    (folder / "results.md").unlink()
+    serving_http.main(["--report", "--output-dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written
