@@ -1,12 +1,13 @@
-"""docs/hybrid.md's generated tables from the committed benchmark results: the offline models the hybrid trade-off
-converts, the trade-off per model and window, the long-context benchmark per model (with its CPU check), and what
-converting a pretrained model's heads to positional costs."""
+"""docs/hybrid.md's and docs/serving.md's generated tables from the committed benchmark results: the offline models the
+hybrid trade-off converts, the trade-off per model and window, the long-context benchmark per model (with its CPU
+check), what converting a pretrained model's heads to positional costs, and continuous batching in process and over
+HTTP."""
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import hybrid_tradeoff, long_context, positional_conversion
+from benchmarks import hybrid_tradeoff, long_context, positional_conversion, serving, serving_http
 from training.committed_results import (
     DOCS,
     HYBRID_TRADEOFF,
@@ -14,7 +15,11 @@ from training.committed_results import (
     LONG_CONTEXT_CPU_CHECK,
     POSITIONAL_CONVERSION,
     ROOT,
+    SERVING,
 )
+
+# Each serving benchmark's module, by the name of its generated block.
+SERVING_MODULES = {"serving": serving, "serving-http": serving_http}
 
 
 def hybrid_pretraining_text() -> str:
@@ -137,3 +142,17 @@ def positional_conversion_text() -> str:
     if result is None:
         return "No run published yet: `python -m benchmarks.positional_conversion` makes one."
     return positional_conversion.report(result).split("\n", 2)[2].strip().replace("\n## ", "\n#### ")
+
+
+def serving_result(name: str) -> dict | None:
+    """The committed run of the serving benchmark `name` ("serving", "serving-http"), if there is one."""
+    path = DOCS / SERVING[name] / "results.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def serving_text(name: str) -> str:
+    """A serving benchmark's report without its title, for docs/serving.md."""
+    result = serving_result(name)
+    if result is None:
+        return f"No run published yet: `python -m benchmarks.{SERVING[name]}` makes one."
+    return SERVING_MODULES[name].report(result).split("\n", 2)[2].strip()
