@@ -384,18 +384,24 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
+    """With --report the stored results.json, else `measure(args, argv)`'s, written there; results.md from it
+    (`describe`), printed. The serving benchmarks' `main`."""
     folder = Path(args.output_dir)
     if args.report:
         result = json.loads((folder / "results.json").read_text())
     else:
-        result = run(args, argv)
+        result = measure(args, argv)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (folder / "results.md").write_text(text := report(result))
+    (folder / "results.md").write_text(text := describe(result))
     print(text)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    measured_or_stored(parse_args(argv), argv, run, report)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from benchmarks.serving import (
     code_version,
     head_layout,
     local_groups,
+    measured_or_stored,
     percentile,
     prompts,
     ratio,
@@ -418,15 +419,8 @@ def report(result: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    result = measured_or_stored(args, argv, run, report)
     folder = Path(args.output_dir)
-    if args.report:
-        result = json.loads((folder / "results.json").read_text())
-    else:
-        result = run(args, argv)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (folder / "results.md").write_text(text := report(result))
-    print(text)
     if errors := {name: run["errors"] for name, run in result["runs"].items() if run["errors"]}:
         raise SystemExit(f"requests failed: {errors}; see each request's `error` in {folder / 'results.json'}")
 

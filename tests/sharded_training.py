@@ -115,6 +115,9 @@ def main(out: Path) -> None:
         save_model_folder(resumed, str(folder / "resumed_model"))
         if trainer.is_world_process_zero():
             (folder / "seen.json").write_text(json.dumps({"run": seen, "resumed": seen_resumed}, indent=1))
+    # Left to the interpreter's exit, the process group's threads can be torn down unjoined: a process then aborts
+    # ("terminate called without an active exception") after its work is done, seen once on a busy machine.
+    PartialState().destroy_process_group()
 
 
 if __name__ == "__main__":
