@@ -246,7 +246,6 @@ class HfAttnModel(HfAttnPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states))
 
 
-
 # --- heads -----------------------------------------------------------------------------------------------------
 
 
