@@ -170,21 +170,33 @@ class PageGroup(CacheAllocator):
 
     # --- indices ------------------------------------------------------------------------------------------------
 
-    def slot(self, request_id: str, position: int) -> int:
-        page, offset = divmod(position, self.tokens_per_page)
-        return self.block_table[request_id][page] * self.tokens_per_page + offset
+    def position_slots(self, request_id: str, start: int, end: int) -> list[int]:
+        """The slots of positions start..end-1, a range per page (this runs for every request of every forward)."""
+        table, size, out = self.block_table[request_id], self.tokens_per_page, []
+        while start < end:
+            page, offset = divmod(start, size)
+            stop = min(end, (page + 1) * size)
+            first = table[page] * size + offset
+            out.extend(range(first, first + stop - start))
+            start = stop
+        return out
 
     def get_read_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
         """The kept past tokens the queries may read, in position order, then a marker per new token (they come
         from the forward itself: a new token outside the window is used now and never written)."""
         sinks, start = self.first_read(past_length)
-        positions = [*range(sinks), *range(start, past_length)]
-        return [self.slot(request_id, p) for p in positions] + [self.sentinel_index] * query_length
+        kept = self.position_slots(request_id, 0, sinks) + self.position_slots(request_id, start, past_length)
+        return kept + [self.sentinel_index] * query_length
 
     def get_write_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
+        """The new tokens' slots: the sinks and the last `window` kept, the others to the trash."""
         end = past_length + query_length
-        return [self.slot(request_id, p) if self.kept(p, end) else self.write_trash_index
-                for p in range(past_length, end)]  # fmt: skip
+        if self.window is None:
+            return self.position_slots(request_id, past_length, end)
+        recent = max(past_length, end - self.window)  # the first new token the window keeps
+        sinks_end = min(max(past_length, self.sinks), recent)  # new tokens before it that are sinks
+        sinks = self.position_slots(request_id, past_length, sinks_end)
+        return sinks + [self.write_trash_index] * (recent - sinks_end) + self.position_slots(request_id, recent, end)
 
     def fill_block_table(self, request_id: str, past_length: int, query_length: int, block_table: torch.Tensor):
         raise NotImplementedError("hf_attn's paged groups have no decode fast path (max_blocks_per_request=0)")
