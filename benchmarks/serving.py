@@ -27,13 +27,18 @@ with no end-of-sequence token. Measured per model: the most requests that decode
 scheduled requests that have a token already, from the scheduler's batches), their time-weighted mean, generated
 tokens per second over the run (submission to last token), each request's time to first token (its first token's
 timestamp, which transformers records, less its creation time), wall time, and requests preempted (their cache freed
-and their prefill begun again when the cache ran out). Ratios are hybridized / unmodified, from the same process.
-Writes OUTPUT_DIR/{results.json, results.md}.
+and their prefill begun again when the cache ran out). Ratios are hybridized / unmodified. `--all-global` adds a
+third model between them: the model hybridized with every head global, which hf_attn's paged cache and attention
+serve without local heads (hybridized / all_global is then the local heads' own share of the gain).
+Writes OUTPUT_DIR/{results.json, results.md}. Each model's record is kept in OUTPUT_DIR/runs/ as soon as it is
+measured, with `uptime` before and after it: the same command again, after an interruption, measures only the models
+it lacks (each model's ratios then span two processes; the report says which were resumed).
 """
 
 import json
 import random
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,6 +75,7 @@ MEASURES = (
     ("forwards", "forwards", None),
 )
 MODELS = ("unmodified", "hybridized")
+ALL_GLOBAL = "all_global"  # --all-global's model: hybridized with every head global (hf_attn's paged path alone)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -94,6 +100,8 @@ def parse_args(argv: list[str] | None = None):
     add("--max-batch-tokens", type=int, default=1024, help="query tokens per forward, prefill chunks included")
     add("--seed", type=int, default=0, help="the prompts' order and where each is cut from the text")
     add("--threads", type=int, help="torch threads (default: torch's)")
+    add("--all-global", action="store_true", help="also serve the model hybridized with every head global: "
+        "hf_attn's paged cache and attention without local heads, to tell their gain from local heads'")  # fmt: skip
     add(
         "--quick",
         action="store_true",
@@ -277,6 +285,38 @@ def code_version() -> dict:
             "uncommitted": git("status", "--porcelain", "--", "hf_attn", "benchmarks").splitlines()}  # fmt: skip
 
 
+def served_models(args) -> tuple[str, ...]:
+    """The models measured, in order: unmodified first (hybridize works in place), hybridized last."""
+    return ("unmodified", ALL_GLOBAL, "hybridized") if args.all_global else MODELS
+
+
+def stored_or_measured(args, names: tuple[str, ...], measure_one) -> tuple[dict, list[str]]:
+    """Each model's record, and the names of those an earlier invocation measured: a full run takes hours on a CPU,
+    so each record is written to OUTPUT_DIR/runs/NAME.json as soon as it is measured, with the settings and the
+    machine's load around it, and a run stopped part way resumes when given the same arguments again."""
+    folder = Path(args.output_dir) / "runs"
+    ignored = ("report", "output_dir", "checkpoint_dir", "all_global")  # where things go, and which models
+    settings = {key: value for key, value in vars(args).items() if key not in ignored}
+    runs, resumed = {}, []
+    for name in names:
+        path = folder / f"{name}.json"
+        stored = json.loads(path.read_text()) if path.is_file() else None
+        if stored is not None and stored["settings"] == settings:
+            runs[name] = stored["run"]
+            resumed.append(name)
+            print(f"{name}: measured before ({path}), kept", flush=True)
+            continue
+        before = machine_load()
+        print(f"{name}: load before: {before['uptime']}", flush=True)
+        record = measure_one(name)
+        runs[name] = {"machine": {"before": before, "after": machine_load()}, "code": code_version()} | record
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": settings, "run": runs[name]}, indent=1) + "\n")
+        shown = {key: value for key, value in record.items() if key not in ("requests", "machine")}
+        print(f"{name}: {json.dumps(shown)}", flush=True)
+    return runs, resumed
+
+
 def run(args, argv: list[str]) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -286,12 +326,15 @@ def run(args, argv: list[str]) -> dict:
     requests = prompts(load_tokenizer(args.tokenizer or args.model), args)
     config, layout = head_layout(args, model.config)
     family, parameters = model.config.model_type, model.num_parameters()  # the unmodified model's
-    runs = {}
-    for name in MODELS:  # unmodified first: hybridize works in place
-        if name == "hybridized":
+
+    def measure_one(name: str) -> dict:
+        if name == ALL_GLOBAL:
+            hybridize(model)
+        elif name == "hybridized":
             hybridize(model, head_layout=layout, local_window=args.local_window, sink_tokens=args.sink_tokens)
-        runs[name] = serve(model, requests, args)
-        print(f"{name}: {json.dumps({k: v for k, v in runs[name].items() if k != 'requests'})}", flush=True)
+        return serve(model, requests, args)
+
+    runs, resumed = stored_or_measured(args, served_models(args), measure_one)
     groups = model.config.num_hidden_layers * num_key_value_heads(model.config)
     return {
         "command": shlex.join(["python", "-m", "benchmarks.serving", *argv]), "model": args.model,
@@ -305,7 +348,9 @@ def run(args, argv: list[str]) -> dict:
         "batching_config": {"num_blocks": args.num_blocks, "page_size": args.page_size,
                             "max_batch_tokens": args.max_batch_tokens, "allow_block_sharing": False,
                             "use_async_batching": False, "use_cuda_graph": False},
-        "runs": runs, "ratios": {key: ratio(runs, key) for key, *_ in MEASURES},
+        "runs": runs, "resumed": resumed, "ratios": {key: ratio(runs, key) for key, *_ in MEASURES},
+        **({"ratios_to_all_global": {key: ratio(runs, key, ALL_GLOBAL) for key, *_ in MEASURES}}
+           if ALL_GLOBAL in runs else {}),
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": sys.version.split()[0]},
         "code": code_version(),
@@ -314,10 +359,10 @@ def run(args, argv: list[str]) -> dict:
     }  # fmt: skip
 
 
-def ratio(runs: dict, key: str) -> float | None:
-    """hybridized / unmodified; None where the unmodified figure is 0."""
-    unmodified = runs["unmodified"][key]
-    return runs["hybridized"][key] / unmodified if unmodified else None
+def ratio(runs: dict, key: str, baseline: str = "unmodified") -> float | None:
+    """hybridized / `baseline`; None where the baseline's figure is 0."""
+    measured = runs[baseline][key]
+    return runs["hybridized"][key] / measured if measured else None
 
 
 def met(value: float | None, comparison: str, target: float) -> bool:
@@ -339,12 +384,28 @@ def code_note(code: dict | None) -> str:
     return f", at commit {code['commit']}" + (changed if code["uncommitted"] else "")
 
 
+def ratio_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def machine_lines(result: dict, names: list[str]) -> list[str]:
+    """`uptime` around each model's run where the results have it (they do since runs are resumable), else around
+    the whole invocation."""
+    if all("machine" in result["runs"][name] for name in names):
+        return [f"- {name}: `uptime` before: `{result['runs'][name]['machine']['before']['uptime']}`; after: "
+                f"`{result['runs'][name]['machine']['after']['uptime']}`." for name in names]  # fmt: skip
+    machine = result["machine"]
+    return [f"`uptime` before: `{machine['before']['uptime']}`; after: `{machine['after']['uptime']}`."]
+
+
 def report(result: dict) -> str:
     """results.md: the workload, the table against the targets, the machine."""
     runs, ratios, batching = result["runs"], result["ratios"], result["batching_config"]
     workload, layout = result["workload"], result["layout"]
     lengths = workload["prompt_tokens"]
     unmodified_tokens = batching["num_blocks"] * batching["page_size"]
+    names = [name for name in ("unmodified", ALL_GLOBAL, "hybridized") if name in runs]
+    extra_header = " hybridized / all_global |" if ALL_GLOBAL in runs else ""
     lines = [
         f"# Continuous batching under one cache budget: {result['model']}", "",
         f"{result['family']}, {result['parameters']:,} parameters, {result['layers']} layers of {result['heads']} "
@@ -353,40 +414,41 @@ def report(result: dict) -> str:
         f"local" + (f" (ranked by {layout['scores']})" if layout["scores"] else "") + ".", "",
         f"Workload: {workload['requests']} requests submitted at once, prompts of {min(lengths):,}-{max(lengths):,} "
         f"tokens ({workload['text']}, mean {statistics.mean(lengths):,.0f}), {workload['new_tokens']} greedy new "
-        f"tokens each, no end-of-sequence token. Both models: transformers' continuous batching with "
-        f"`ContinuousBatchingConfig(num_blocks={batching['num_blocks']}, page_size={batching['page_size']}, "
-        f"max_batch_tokens={batching['max_batch_tokens']})`, no prefix sharing, no asynchronous batching: room for "
-        f"{unmodified_tokens:,} tokens of the unmodified model's cache ({mib(runs['unmodified'])} MiB; hybridized: "
-        f"{mib(runs['hybridized'])} MiB).", "",
-        "| measure | unmodified | hybridized | hybridized / unmodified | target | met |", "|---|---|---|---|---|---|",
+        f"tokens each, no end-of-sequence token. {'All three' if ALL_GLOBAL in runs else 'Both'} models: "
+        f"transformers' continuous batching with `ContinuousBatchingConfig(num_blocks={batching['num_blocks']}, "
+        f"page_size={batching['page_size']}, max_batch_tokens={batching['max_batch_tokens']})`, no prefix sharing, "
+        f"no asynchronous batching: room for {unmodified_tokens:,} tokens of the unmodified model's cache ("
+        + "; ".join(f"{name}: {mib(runs[name])} MiB" for name in names) + ").", "",
+        f"| measure | {' | '.join(names)} | hybridized / unmodified | target | met |{extra_header}",
+        "|---" * (len(names) + 4 + bool(extra_header)) + "|",
     ]  # fmt: skip
     for key, label, target in MEASURES:
         value = ratios[key]
-        against = (
-            "- | -"
-            if target is None
-            else f"{target[0]} {target[1]:.1f}x | {'yes' if met(value, *target) else '**no**'}"
-        )
-        shown = "-" if value is None else f"{value:.2f}x"
-        lines.append(
-            f"| {label} | {cell(runs['unmodified'][key])} | {cell(runs['hybridized'][key])} | {shown} | {against} |"
-        )
-    before, after, versions = result["machine"]["before"], result["machine"]["after"], result["versions"]
+        verdict = "" if target is None else "yes" if met(value, *target) else "**no**"
+        against = "- | -" if target is None else f"{target[0]} {target[1]:.1f}x | {verdict}"
+        extra = f" {ratio_cell(result['ratios_to_all_global'][key])} |" if ALL_GLOBAL in runs else ""
+        values = " | ".join(cell(runs[name][key]) for name in names)
+        lines.append(f"| {label} | {values} | {ratio_cell(value)} | {against} |{extra}")
+    versions = result["versions"]
     lines += [
         "", "Requests decoding at once: of each forward's scheduled requests, those with a token already; "
         "time-weighted over the run. Tokens/s: all generated tokens over the time from submission to the last "
         "token. Time to first token: each request's first token's timestamp less its creation time. Preempted: "
-        "requests whose cache was freed for others and whose prefill began again.", "",
+        "requests whose cache was freed for others and whose prefill began again."
+        + (f" {ALL_GLOBAL}: the model hybridized with every head global, served by hf_attn's paged cache and "
+           "attention: what they give without local heads." if ALL_GLOBAL in runs else ""), "",
         f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {result['machine']['torch']}, transformers "
-        f"{versions['transformers']}, unmodified run first{code_note(result.get('code'))}. `uptime` before: "
-        f"`{before['uptime']}`; after: `{after['uptime']}`.",
+        f"{versions['transformers']}, {', '.join(names)} in that order{code_note(result.get('code'))}."
+        + (f" Measured by an earlier invocation with the same arguments: {', '.join(result['resumed'])}."
+           if result.get("resumed") else ""), "",
     ]  # fmt: skip
+    lines += machine_lines(result, names)
     return "\n".join(lines) + "\n"
 
 
 def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
-    """With --report the stored results.json, else `measure(args, argv)`'s, written there; results.md from it
-    (`describe`), printed. The serving benchmarks' `main`."""
+    """With --report the stored results.json, else `measure(args, argv)`'s, written there (and each model's record
+    kept for resuming removed); results.md from it (`describe`), printed. The serving benchmarks' `main`."""
     folder = Path(args.output_dir)
     if args.report:
         result = json.loads((folder / "results.json").read_text())
@@ -394,6 +456,7 @@ def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
         result = measure(args, argv)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        shutil.rmtree(folder / "runs", ignore_errors=True)
     (folder / "results.md").write_text(text := describe(result))
     print(text)
     return result

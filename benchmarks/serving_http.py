@@ -30,7 +30,8 @@ first token (to the first chunk with text), each p50 and p95, wall time, and err
 error event, a lost connection, or a `usage` other than `--new-tokens` generated tokens (the server cut or stretched
 the request). Ratios are hybridized / unmodified. `uptime` is recorded before each server starts and after its run.
 Writes OUTPUT_DIR/{results.json, results.md} and CHECKPOINT_DIR/{unmodified,hybridized}/ (a server's log in
-CHECKPOINT_DIR/NAME.log).
+CHECKPOINT_DIR/NAME.log). Each server's record is kept in OUTPUT_DIR/runs/ as soon as it is measured: the same
+command again, after an interruption, measures only the servers it lacks.
 """
 
 import asyncio
@@ -70,6 +71,7 @@ from benchmarks.serving import (
     prompts,
     ratio,
     score_path,
+    stored_or_measured,
 )
 from hf_attn import hybridize
 from hf_attn.data.wikitext import load_wikitext
@@ -77,7 +79,7 @@ from hf_attn.hybrid import num_key_value_heads
 from hf_attn.pretrained import load_causal_lm, load_tokenizer, source_argument
 
 # Defaults (None on the command line): the full run's, and --quick's.
-SIZES = {"requests": (32, 12), "min_prompt": (1024, 64), "max_prompt": (4096, 256), "new_tokens": (128, 16),
+SIZES = {"requests": (64, 12), "min_prompt": (1024, 64), "max_prompt": (8192, 256), "new_tokens": (128, 16),
          "clients": (16, 4), "local_window": (256, 32), "sink_tokens": (4, 2), "score": ("gate", "random")}  # fmt: skip
 OUTPUT_DIRS = ("docs/results/serving_http", "outputs/serving_http-quick")  # full, --quick
 CHECKPOINT_DIRS = ("outputs/serving_http/checkpoints", "outputs/serving_http-quick/checkpoints")
@@ -328,7 +330,6 @@ def serve(name: str, texts: list[str], args) -> dict:
     env = os.environ | {"HF_HUB_OFFLINE": "1"} | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
     log_path = Path(args.checkpoint_dir) / f"{name}.log"
     before = machine_load()
-    print(f"{name}: load before: {before['uptime']}", flush=True)
     with running(command, log_path, env) as (url, startup):
         requests, wall = asyncio.run(load(url, str(Path(args.checkpoint_dir) / name), texts, args))
         after = machine_load()
@@ -346,7 +347,6 @@ def serve(name: str, texts: list[str], args) -> dict:
         "ttft_p95_seconds": percentile(ttft, 0.95) if ttft else nan,
         "machine": {"before": before, "after": after}, "requests": requests,
     }  # fmt: skip
-    print(f"{name}: {json.dumps({k: v for k, v in record.items() if k not in ('requests', 'machine')})}", flush=True)
     return record
 
 
@@ -355,7 +355,7 @@ def run(args, argv: list[str]) -> dict:
     Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     described, tokenizer = save_checkpoints(args)
     texts, prompt_tokens = prompt_texts(tokenizer, args)
-    runs = {name: serve(name, texts, args) for name in MODELS}  # one server at a time, unmodified first
+    runs, resumed = stored_or_measured(args, MODELS, lambda name: serve(name, texts, args))  # one at a time
     return described | {
         "command": shlex.join(["python", "-m", "benchmarks.serving_http", *argv]),
         "workload": {"requests": args.requests, "clients": args.clients, "prompt_tokens": prompt_tokens,
@@ -363,7 +363,7 @@ def run(args, argv: list[str]) -> dict:
         "server_flags": {"continuous_batching": True, "cb_num_blocks": args.num_blocks, "cb_block_size": args.page_size,
                          "cb_max_batch_tokens": args.max_batch_tokens, "device": "cpu", "dtype": "float32",
                          "threads": args.threads},
-        "runs": runs, "ratios": {key: ratio(runs, key) for key, _ in MEASURES},
+        "runs": runs, "resumed": resumed, "ratios": {key: ratio(runs, key) for key, _ in MEASURES},
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__, "httpx": httpx.__version__,
                      "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "python": sys.version.split()[0]},
@@ -407,7 +407,9 @@ def report(result: dict) -> str:
         "a `usage` other than the requested tokens. One warm-up request per server before the clock starts.", "",
         f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {result['machine']['torch']}, transformers "
         f"{versions['transformers']}, httpx {versions['httpx']}, unmodified server first"
-        f"{code_note(result.get('code'))}.", "",
+        f"{code_note(result.get('code'))}."
+        + (f" Measured by an earlier invocation with the same arguments: {', '.join(result['resumed'])}."
+           if result.get("resumed") else ""), "",
     ]  # fmt: skip
     for name in MODELS:
         run = runs[name]

@@ -366,14 +366,10 @@ def test_positional_conversion_refuses_bad_arguments_in_one_line_before_any_mode
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_serving_benchmark_serves_every_request_under_one_budget_and_rewrites_its_report(tmp_path):
-    """--quick on a tiny random Llama (4 query heads over 2 key/value groups, one group of each layer 16-local with 2
-    sinks, chosen by a stored score as benchmarks.long_context stores it): both models generate every token under the
-    same cache bytes, the hybridized one holding at least as many requests at once; results.json has every field the
-    report reads, and --report rewrites results.md byte for byte."""
+def tiny_serving_arguments(tmp_path: Path) -> list[str]:
+    """benchmarks.serving's --quick arguments for a tiny random Llama (4 query heads over 2 key/value groups, one group
+    of each layer 16-local with 2 sinks, chosen by a stored score as benchmarks.long_context stores it)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from benchmarks import serving
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -382,10 +378,20 @@ def test_serving_benchmark_serves_every_request_under_one_budget_and_rewrites_it
     scores = tmp_path / "layout" / "scores" / "gate-k16-s2.json"
     scores.parent.mkdir(parents=True)
     scores.write_text(json.dumps({"scores": [[0.3, 0.1], [0.05, 0.2]]}))  # lowest local: group 1, then group 0
-    shared, folder = ROOT.parent / "shared" / "data", tmp_path / "out"
-    serving.main(["--quick", "--model", str(tmp_path / "model"), "--tokenizer", str(shared / "gpt2-tokenizer"),
-                  "--data-dir", str(shared / "wikitext-2-raw"), "--layout-dir", str(tmp_path / "layout"),
-                  "--local-window", "16", "--sink-tokens", "2", "--output-dir", str(folder)])  # fmt: skip
+    shared = ROOT.parent / "shared" / "data"
+    return ["--quick", "--model", str(tmp_path / "model"), "--tokenizer", str(shared / "gpt2-tokenizer"),
+            "--data-dir", str(shared / "wikitext-2-raw"), "--layout-dir", str(tmp_path / "layout"),
+            "--local-window", "16", "--sink-tokens", "2", "--output-dir", str(tmp_path / "out")]  # fmt: skip
+
+
+def test_serving_benchmark_serves_every_request_under_one_budget_and_rewrites_its_report(tmp_path):
+    """--quick with --all-global on a tiny random Llama: the three models generate every token under the same cache
+    bytes, the hybridized one holding at least as many requests at once; results.json has every field the report
+    reads, and --report rewrites results.md byte for byte."""
+    from benchmarks import serving
+
+    folder, scores = tmp_path / "out", tmp_path / "layout" / "scores" / "gate-k16-s2.json"
+    serving.main([*tiny_serving_arguments(tmp_path), "--all-global"])
     result = json.loads((folder / "results.json").read_text())
     assert result["layout"] == {"name": "k16-s2-f0.5-gate", "local_groups": 2, "groups": 4, "scores": str(scores)}
     assert sorted(result["workload"]["prompt_tokens"]) == [128, 183, 238, 293, 347, 402, 457, 512]
@@ -397,16 +403,55 @@ def test_serving_benchmark_serves_every_request_under_one_budget_and_rewrites_it
         assert all(0 < request["ttft_seconds"] <= request["latency_seconds"] for request in run["requests"])
         assert 1 <= run["max_decoding"] <= run["max_active"] <= 8 and run["tokens_per_second"] > 0
         assert run["cache_bytes"] == pytest.approx(runs["unmodified"]["cache_bytes"], rel=0.05)  # one budget
+        assert {"uptime", "load_average"} <= set(run["machine"]["before"]) & set(run["machine"]["after"])
+    assert list(runs) == ["unmodified", "all_global", "hybridized"] and result["resumed"] == []
     assert runs["hybridized"]["max_active"] >= runs["unmodified"]["max_active"]
-    assert set(result["ratios"]) == {key for key, *_ in serving.MEASURES}
+    assert set(result["ratios"]) == set(result["ratios_to_all_global"]) == {key for key, *_ in serving.MEASURES}
+    assert result["ratios_to_all_global"]["tokens_per_second"] == pytest.approx(
+        runs["hybridized"]["tokens_per_second"] / runs["all_global"]["tokens_per_second"])  # fmt: skip
     assert set(result["versions"]) >= {"transformers", "torch"} and result["command"].startswith("python -m benchmarks")
     assert result["code"]["commit"] and isinstance(result["code"]["uncommitted"], list)
     assert {"uptime", "load_average"} <= set(result["machine"]["before"]) & set(result["machine"]["after"])
+    assert not (folder / "runs").exists()  # the records kept for resuming go once results.json is written
     written = (folder / "results.md").read_bytes()
     assert b"| requests decoding at once, most | " in written and b"| >= 1.8x |" in written
+    assert b"| measure | unmodified | all_global | hybridized | hybridized / unmodified | target | met | " in written
     (folder / "results.md").unlink()
     serving.main(["--report", "--output-dir", str(folder)])
     assert (folder / "results.md").read_bytes() == written
+
+
+def test_serving_benchmark_resumes_from_the_models_an_interrupted_run_measured(tmp_path, monkeypatch):
+    """A run stopped after the unmodified model keeps its record; the same command again serves only the hybridized
+    model and says so, while other arguments (another --seed) measure everything again. `serve` is replaced by one
+    that records which model it was given (hybridized or not) and fails once, as an interruption would."""
+    from benchmarks import serving
+
+    served, fail_on_hybridized = [], [False, True, True]  # popped from the end: the first two runs stop
+
+    def fake_serve(model, requests, args) -> dict:
+        name = "hybridized" if getattr(model.config, "head_layout", None) else "unmodified"
+        if name == "hybridized" and fail_on_hybridized.pop():
+            raise KeyboardInterrupt
+        served.append(name)
+        return {key: 1.0 + len(served) for key, *_ in serving.MEASURES} | {"cache_bytes": 1, "requests": []}
+
+    monkeypatch.setattr(serving, "serve", fake_serve)
+    monkeypatch.setattr(serving, "hybridize", lambda model, **kwargs: setattr(model.config, "head_layout", 1))
+    arguments, folder = tiny_serving_arguments(tmp_path), tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        serving.main(arguments)
+    assert served == ["unmodified"] and not (folder / "results.json").exists()
+    assert json.loads((folder / "runs" / "unmodified.json").read_text())["settings"]["seed"] == 0
+    with pytest.raises(KeyboardInterrupt):  # other arguments: the kept record is not theirs
+        serving.main([*arguments, "--seed", "1"])
+    assert served == ["unmodified", "unmodified"]
+    serving.main([*arguments, "--seed", "1"])
+    result = json.loads((folder / "results.json").read_text())
+    assert served == ["unmodified", "unmodified", "hybridized"] and result["resumed"] == ["unmodified"]
+    assert result["runs"]["unmodified"]["tokens_per_second"] == 3.0 and result["ratios"]["tokens_per_second"] == 4 / 3
+    assert "earlier invocation with the same arguments: unmodified." in (folder / "results.md").read_text()
+    assert not (folder / "runs").exists()
 
 
 @pytest.mark.xdist_group("serving")  # with tests/test_serving_http.py: each server takes both cores while it starts
