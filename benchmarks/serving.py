@@ -28,7 +28,7 @@ scheduled requests that have a token already, from the scheduler's batches), the
 tokens per second over the run (submission to last token), each request's time to first token (its first token's
 timestamp, which transformers records, less its creation time), wall time, and requests preempted (their cache freed
 and their prefill begun again when the cache ran out). Ratios are hybridized / unmodified. `--all-global` adds a
-third model between them: the model hybridized with every head global, which hf_attn's paged cache and attention
+third model, measured last: the model hybridized with every head global, which hf_attn's paged cache and attention
 serve without local heads (hybridized / all_global is then the local heads' own share of the gain).
 Writes OUTPUT_DIR/{results.json, results.md}. Each model's record is kept in OUTPUT_DIR/runs/ as soon as it is
 measured, with `uptime` before and after it: the same command again, after an interruption, measures only the models
@@ -286,8 +286,8 @@ def code_version() -> dict:
 
 
 def served_models(args) -> tuple[str, ...]:
-    """The models measured, in order: unmodified first (hybridize works in place), hybridized last."""
-    return ("unmodified", ALL_GLOBAL, "hybridized") if args.all_global else MODELS
+    """The models measured, in order: unmodified first (hybridize works in place), then the one the targets are for."""
+    return (*MODELS, ALL_GLOBAL) if args.all_global else MODELS
 
 
 def stored_or_measured(args, names: tuple[str, ...], measure_one) -> tuple[dict, list[str]]:
@@ -329,7 +329,7 @@ def run(args, argv: list[str]) -> dict:
 
     def measure_one(name: str) -> dict:
         if name == ALL_GLOBAL:
-            hybridize(model)
+            hybridize(model, head_layout=[["global"] * len(kinds) for kinds in layout])
         elif name == "hybridized":
             hybridize(model, head_layout=layout, local_window=args.local_window, sink_tokens=args.sink_tokens)
         return serve(model, requests, args)
@@ -438,7 +438,7 @@ def report(result: dict) -> str:
         + (f" {ALL_GLOBAL}: the model hybridized with every head global, served by hf_attn's paged cache and "
            "attention: what they give without local heads." if ALL_GLOBAL in runs else ""), "",
         f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {result['machine']['torch']}, transformers "
-        f"{versions['transformers']}, {', '.join(names)} in that order{code_note(result.get('code'))}."
+        f"{versions['transformers']}, {', '.join(runs)} in that order{code_note(result.get('code'))}."
         + (f" Measured by an earlier invocation with the same arguments: {', '.join(result['resumed'])}."
            if result.get("resumed") else ""), "",
     ]  # fmt: skip
