@@ -13,7 +13,6 @@ never NaN.
 """
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -138,18 +137,14 @@ def flex_global_attention(
 def local_attention(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
-    """(B, H, T, D) content attention over the k nearest keys (and the first s), in O(T * (k + s)): picks the faster
-    banded kernel. A whole 4D mask goes to SDPA."""
+    """(B, H, T, D) content attention over the k nearest keys (and the first s), in O(T * (k + s)): one pass per
+    key offset for a few offsets without sinks, else chunks of queries. A whole 4D mask goes to SDPA. Fewer
+    key/value heads than query heads (grouped-query attention) are read in place by SDPA, never copied per head."""
+    grouped = k.shape[1] != q.shape[1]
     if key_mask is not None and key_mask.dim() == 4:
-        return masked_sdpa(q, k, v, key_mask, scale, dropout)
-    whole_sequence = q.shape[-2] == k.shape[-2]
-    if visibility.sink_tokens:
-        if key_mask is None and whole_sequence:
-            return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
-        # Sinks under padding (each row's first real keys), or a few queries past a cache: the whole mask.
-        mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)
-        return masked_sdpa(q, k, v, mask, scale, dropout)
-    if len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL or not whole_sequence:
+        return masked_sdpa(q, k, v, key_mask, scale, dropout, enable_gqa=grouped)
+    few_offsets = not visibility.sink_tokens and len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL
+    if few_offsets and not grouped:
         return local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)[0]
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
 
@@ -267,60 +262,64 @@ def local_attention_by_offsets(
 def local_attention_by_chunks(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
-    """Chunks of C queries attend, through SDPA, to their own chunk plus the k keys on either side, and to the first
-    s keys (sinks) where those lie outside that span.
+    """Chunks of C queries, one SDPA each over the keys the chunk can see: its own, the k before it (and after it,
+    not causal) and the first s real keys (sinks) where those lie outside that span.
 
-    Costs C + 2k + s scores per query instead of T. Needs S == T (no cache: decoding uses the offsets kernel), and no
-    padding with sinks (`local_attention` sends that case to the whole mask).
+    Keys and values are slices of `k` and `v` (the sinks alone are copied), one (B|1, 1, C, s + span) mask serves
+    every head, and fewer key/value heads than query heads are read in place (grouped-query attention): beyond the
+    output no tensor grows with T per head, and the cost is O(T * (C + 2k + s)). Query i sits at key index
+    i + S - T; `key_mask` (B, S) marks real keys, and under it the sinks are each row's first real keys.
     """
-    batch, heads, length, _ = q.shape
+    batch, heads, num_queries, _ = q.shape
+    num_keys, device = k.shape[-2], q.device
+    query_start = num_keys - num_queries  # key index of query 0
     window = visibility.local_window
     left, right = window, (0 if visibility.is_causal else window)
     chunk = max(MIN_CHUNK, window)
-    num_chunks = math.ceil(length / chunk)
-    span = chunk + left + right  # keys seen by one chunk
-    tail = num_chunks * chunk - length
-
-    def windows(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) -> (B, H * nC, span, D)
-        x = F.pad(x, (0, 0, left, right + tail)).unfold(2, span, chunk)  # (B, H, nC, D, span)
-        return x.transpose(-1, -2).reshape(batch, heads * num_chunks, span, x.shape[-2])
-
-    q_chunks = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * num_chunks, chunk, q.shape[-1])
-    # Band inside a chunk, relative indices: query i is key column i + left.
-    in_window = replace(visibility, sink_tokens=0).predicate  # relative indices: the sinks are not keys 0..s-1
-    band = in_window(torch.arange(chunk)[:, None] + left, torch.arange(span)[None, :]).to(q.device)
-    key_index = torch.arange(num_chunks)[:, None] * chunk - left + torch.arange(span)[None, :]  # (nC, span)
-    in_range = ((key_index >= 0) & (key_index < length)).to(q.device)
-    if key_mask is None:
-        key_valid = in_range[None]  # (1, nC, span)
-    else:
-        key_valid = F.pad(key_mask.bool(), (left, right + tail)).unfold(1, span, chunk) & in_range  # (B, nC, span)
-    mask = band[None, None] & key_valid[:, :, None, :]  # (B|1, nC, C, span)
-    keys, values = windows(k), windows(v)
-    if visibility.sink_tokens:
-        sink_mask, keys, values = with_sinks(keys, values, k, v, visibility, chunk, num_chunks)
-        mask = torch.cat([sink_mask.expand(mask.shape[0], -1, -1, -1), mask], dim=-1)  # (B|1, nC, C, s + span)
-    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(mask.shape[0], heads * num_chunks, chunk, -1)
-    out = masked_sdpa(q_chunks, keys, values, mask, scale, dropout)
-    return out.reshape(batch, heads, num_chunks * chunk, v.shape[-1])[:, :, :length]
+    in_window = replace(visibility, sink_tokens=0).predicate
+    real = None if key_mask is None else key_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    sinks = first_keys(real, visibility.sink_tokens, num_keys, device) if visibility.sink_tokens else None
+    if sinks is not None:
+        sink_index, sink_real = sinks
+        sink_keys, sink_values = (gather_keys(x, sink_index) for x in (k, v))
+    out = q.new_empty(batch, heads, num_queries, v.shape[-1])
+    for lo in range(0, num_queries, chunk):
+        hi = min(lo + chunk, num_queries)
+        q_idx = torch.arange(lo + query_start, hi + query_start, device=device)[:, None]  # (C, 1)
+        start, stop = max(0, lo + query_start - left), min(num_keys, hi + query_start + right)
+        keys, values = k[:, :, start:stop], v[:, :, start:stop]
+        mask = in_window(q_idx, torch.arange(start, stop, device=device)[None, :])[None, None]  # (1, 1, C, span)
+        if real is not None:
+            mask = mask & real[..., start:stop]
+        if sinks is not None:  # seen where the query may see them and its window does not hold them
+            seen = visibility.unwindowed.predicate(q_idx, sink_index) & ~window_overlay(window)(q_idx, sink_index)
+            seen = seen & sink_real  # (B|1, 1, C, s)
+            rows = max(seen.shape[0], mask.shape[0])
+            mask = torch.cat([seen.expand(rows, -1, -1, -1), mask.expand(rows, -1, -1, -1)], dim=-1)
+            keys, values = torch.cat([sink_keys, keys], dim=-2), torch.cat([sink_values, values], dim=-2)
+        out[:, :, lo:hi] = masked_sdpa(q[:, :, lo:hi], keys, values, mask, scale, dropout,
+                                       enable_gqa=k.shape[1] != heads)  # fmt: skip
+    return out
 
 
-def with_sinks(keys, values, k, v, visibility: Visibility, chunk: int, num_chunks: int):
-    """The chunked kernel's keys and values (B, H * nC, span, D) with the s sink keys put before each chunk's span,
-    and the sinks' (1, nC, C, s) mask: a sink is seen where the query may see it and its window does not hold it."""
-    batch, heads, length, _ = k.shape
-    sinks = min(visibility.sink_tokens, length)
-    query_index = (torch.arange(num_chunks)[:, None] * chunk + torch.arange(chunk)[None, :]).to(k.device)  # (nC, C)
-    sink_index = torch.arange(sinks, device=k.device)
-    q_idx, kv_idx = query_index[..., None], sink_index[None, None, :]
-    seen = visibility.unwindowed.predicate(q_idx, kv_idx) & ~window_overlay(visibility.local_window)(q_idx, kv_idx)
+def first_keys(real: torch.Tensor | None, count: int, num_keys: int, device: torch.device):
+    """The index of each row's first `count` real keys (B|1, 1, 1, count), and whether each exists (fewer real keys
+    than `count`); without `real` (B, 1, 1, S), keys 0..count-1."""
+    count = min(count, num_keys)
+    if real is None:
+        index = torch.arange(count, device=device)[None, None, None]
+        return index, torch.ones_like(index, dtype=torch.bool)
+    position = torch.arange(num_keys, device=device)
+    candidates = torch.where(real & (real.cumsum(-1) <= count), position, num_keys)
+    index = candidates.topk(count, dim=-1, largest=False).values  # ascending
+    return index.clamp(max=num_keys - 1), index < num_keys
 
-    def prepend(windowed: torch.Tensor, states: torch.Tensor) -> torch.Tensor:  # (B, H * nC, s + span, D)
-        first = states[:, :, None, :sinks].expand(-1, -1, num_chunks, -1, -1)  # (B, H, nC, s, D)
-        first = first.reshape(batch, heads * num_chunks, sinks, states.shape[-1])
-        return torch.cat([first, windowed], dim=2)
 
-    return seen[None], prepend(keys, k), prepend(values, v)
+def gather_keys(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, H, n, D): the keys or values of `x` (B, H, S, D) at each row's `index` (B|1, 1, 1, n)."""
+    if index.shape[0] == 1:
+        return x[:, :, index[0, 0, 0]]
+    return x.gather(2, index[:, 0, 0, None, :, None].expand(-1, x.shape[1], -1, x.shape[-1]))
 
 
 # --- positional heads ------------------------------------------------------------------------------------------

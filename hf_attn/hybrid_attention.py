@@ -9,6 +9,7 @@ attention is to its SDPA.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -68,9 +69,6 @@ class LayerHeads:
         self.sources = {kind: [position[h // group_size] for h in heads] for kind, heads in self.heads.items()}
         self.every_source = [position[h // group_size] for h in range(len(self.kinds))]  # the same, in head order
         self.pure_groups = all(len(set(group)) == 1 for group in groups)  # no group read by heads of both kinds
-        # The permutation that puts outputs computed kind by kind back in head order.
-        computed = [h for heads in self.heads.values() for h in heads]
-        self.order = sorted(range(len(computed)), key=computed.__getitem__)
         # What a local head sees: the `local_window` previous tokens, itself with `attend_to_self`, and the first
         # `sink_tokens`.
         self.visibility = Visibility(True, attend_to_self, local_window, sink_tokens)
@@ -130,9 +128,9 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
         )
-    outputs = []
+    outputs = {}
     if "global" in heads.heads:
-        outputs.append(global_heads(module, query, keys, values, attention_mask, scaling, dropout))
+        outputs["global"] = global_heads(module, query, keys, values, attention_mask, scaling, dropout)
     if "local" in heads.heads:
         if newest_last and heads.sink_tokens:
             prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
@@ -141,12 +139,23 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
             local = local_heads(query, keys, values, attention_mask, heads, scaling, dropout)
         else:
             local = local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout)
-        outputs.append(local)
+        outputs["local"] = local
     if "positional" in heads.heads:
         masks, key_rows = newest_keys(values, attention_mask, rows[1])
-        outputs.append(positional_heads(module, values, masks, rows[0], key_rows, dropout))
-    out = torch.cat(outputs, dim=1)[:, heads.order]
-    return out.transpose(1, 2), None
+        outputs["positional"] = positional_heads(module, values, masks, rows[0], key_rows, dropout)
+    return heads_in_order(outputs, heads), None
+
+
+def heads_in_order(outputs: dict[str, torch.Tensor], heads: LayerHeads) -> torch.Tensor:
+    """(B, T, H, D): each kind's (B, H_kind, T, D) output written into its heads' places, in the layout the model's
+    output projection reads (its reshape then copies nothing). Kinds computed in different dtypes (under autocast)
+    meet in the wider one, as `torch.cat` would have them."""
+    first = next(iter(outputs.values()))
+    dtype = functools.reduce(torch.promote_types, (x.dtype for x in outputs.values()))
+    out = first.new_empty(first.shape[0], first.shape[2], len(heads.kinds), first.shape[3], dtype=dtype)
+    for kind, x in outputs.items():
+        out[:, :, heads.heads[kind]] = x.transpose(1, 2).to(dtype)
+    return out
 
 
 def hybrid_attention_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
@@ -196,24 +205,21 @@ def local_heads_with_sinks(
 ) -> torch.Tensor:
     """(B, H_local, T, D): the local heads over the first `prefix` tokens (the sinks, after any left padding) and the
     newest T + `local_window`, all a query can see: what an `HfAttnCache` keeps for them, taken alike from a key/value
-    head kept whole. A whole sequence without a mask goes to the chunked kernel, O(T * (k + s)); otherwise the window
-    and the sinks are counted along the mask (or causal order) over those keys."""
+    head kept whole. Without a mask those keys go, as if in a row (which keeps every distance that matters), to the
+    chunked kernel: O(T * (k + s)) time and memory, key/value heads read in place where whole groups of query heads
+    read them. Under a mask the window and the sinks are counted along it over those keys."""
     query, sources = query[:, heads.heads["local"]], heads.sources["local"]
     num_queries = query.shape[-2]
     lengths = [keys[kind].shape[-2] for kind, _ in sources]
-    if attention_mask is None and max(lengths) == num_queries:
-        k, v = per_head(keys, sources), per_head(values, sources)
-        return local_attention(query, k, v, heads.visibility, None, scaling, dropout)
     first = min(prefix, *lengths)
     last = min(num_queries + heads.local_window, *(length - first for length in lengths))
     kept_keys, kept_values = ({kind: first_and_last(x, first, last) for kind, x in states.items()}
                               for states in (keys, values))  # fmt: skip
-    k, v = per_head(kept_keys, sources), per_head(kept_values, sources)
-    if attention_mask is None:  # causal order: the kept keys as if in a row, which keeps every distance that matters
-        visible = visibility_mask(heads.visibility, num_queries, None, first + last, query.device)
-    else:
-        visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
-    return masked_sdpa(query, k, v, visible, scaling, dropout)
+    k, v = grouped_or_per_head(kept_keys, sources), grouped_or_per_head(kept_values, sources)
+    if attention_mask is None:
+        return local_attention(query, k, v, heads.visibility, None, scaling, dropout)
+    visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+    return masked_sdpa(query, k, v, visible, scaling, dropout, enable_gqa=k.shape[1] != query.shape[1])
 
 
 def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> torch.Tensor:
@@ -298,19 +304,18 @@ def placed_attention(
     num_queries = query.shape[-2]
     masks = {kind: placed_mask(attention_mask, index, keys[kind].shape[-2], num_queries, query.device)
              for kind, index in placed.items()}  # fmt: skip
-    outputs = []
+    outputs = {}
     if "global" in heads.heads:
-        outputs.append(global_heads(module, query, keys, values, masks["global"], scaling, dropout))
+        outputs["global"] = global_heads(module, query, keys, values, masks["global"], scaling, dropout)
     if "local" in heads.heads:
-        outputs.append(local_heads_placed(query, keys, values, masks, heads, scaling, dropout))
+        outputs["local"] = local_heads_placed(query, keys, values, masks, heads, scaling, dropout)
     if "positional" in heads.heads:
         query_rows, key_rows = rows
         last = key_rows.shape[1] - 1  # an empty slot's index is past every key: its column is hidden
         by_index = {kind: key_rows if index is None else key_rows[:, index.clamp(max=last)]
                     for kind, index in placed.items()}  # fmt: skip
-        outputs.append(positional_heads(module, values, masks, query_rows, by_index, dropout))
-    out = torch.cat(outputs, dim=1)[:, heads.order]
-    return out.transpose(1, 2), None
+        outputs["positional"] = positional_heads(module, values, masks, query_rows, by_index, dropout)
+    return heads_in_order(outputs, heads), None
 
 
 def placed_mask(attention_mask, index: torch.Tensor | None, num_keys: int, num_queries: int,
@@ -434,6 +439,18 @@ def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = 
     kind and index among the kind's), the newest `length` tokens (all by default)."""
     start = -length if length else 0
     return torch.stack([states[kind][:, index, start:] for kind, index in sources], dim=1)
+
+
+def grouped_or_per_head(states: dict, sources: list[tuple[str, int]]) -> torch.Tensor:
+    """What `sources`' query heads read: one kind's key/value heads as they are where each is read by as many
+    consecutive query heads (SDPA's grouped-query attention then reads them in place), else `per_head`'s copies."""
+    kinds = {kind for kind, _ in sources}
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        group, rest = divmod(len(sources), states[kind].shape[1])
+        if group and not rest and [index for _, index in sources] == [h // group for h in range(len(sources))]:
+            return states[kind]
+    return per_head(states, sources)
 
 
 AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)
