@@ -265,41 +265,56 @@ def local_attention_by_chunks(
     """Chunks of C queries, one SDPA each over the keys the chunk can see: its own, the k before it (and after it,
     not causal) and the first s real keys (sinks) where those lie outside that span.
 
-    Keys and values are slices of `k` and `v` (the sinks alone are copied), one (B|1, 1, C, s + span) mask serves
-    every head, and fewer key/value heads than query heads are read in place (grouped-query attention): beyond the
-    output no tensor grows with T per head, and the cost is O(T * (C + 2k + s)). Query i sits at key index
+    Each chunk's keys and values are joined from pieces of one split of `k` and `v` (and the sinks, gathered once),
+    one (B|1, 1, C, s + span) mask serves every head, and fewer key/value heads than query heads are read in place
+    (grouped-query attention): beyond the output no tensor grows with T per head, the cost is O(T * (C + 2k + s)),
+    and autograd joins the gradients of the pieces once rather than once per chunk. Query i sits at key index
     i + S - T; `key_mask` (B, S) marks real keys, and under it the sinks are each row's first real keys.
     """
-    batch, heads, num_queries, _ = q.shape
+    heads, num_queries = q.shape[1], q.shape[-2]
     num_keys, device = k.shape[-2], q.device
     query_start = num_keys - num_queries  # key index of query 0
     window = visibility.local_window
     left, right = window, (0 if visibility.is_causal else window)
-    chunk = max(MIN_CHUNK, window)
+    chunk = max(MIN_CHUNK, window)  # >= left and right: a chunk's span reaches only into its neighbours
     in_window = replace(visibility, sink_tokens=0).predicate
     real = None if key_mask is None else key_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-    sinks = first_keys(real, visibility.sink_tokens, num_keys, device) if visibility.sink_tokens else None
-    if sinks is not None:
-        sink_index, sink_real = sinks
+    if visibility.sink_tokens:
+        sink_index, sink_real = first_keys(real, visibility.sink_tokens, num_keys, device)
         sink_keys, sink_values = (gather_keys(x, sink_index) for x in (k, v))
-    out = q.new_empty(batch, heads, num_queries, v.shape[-1])
-    for lo in range(0, num_queries, chunk):
-        hi = min(lo + chunk, num_queries)
-        q_idx = torch.arange(lo + query_start, hi + query_start, device=device)[:, None]  # (C, 1)
-        start, stop = max(0, lo + query_start - left), min(num_keys, hi + query_start + right)
-        keys, values = k[:, :, start:stop], v[:, :, start:stop]
-        mask = in_window(q_idx, torch.arange(start, stop, device=device)[None, :])[None, None]  # (1, 1, C, span)
+    key_spans, value_spans = (chunk_spans(x, query_start, chunk, left, right) for x in (k, v))
+    outputs = []
+    for c, queries in enumerate(q.split(chunk, dim=2)):
+        lo = query_start + c * chunk  # key index of the chunk's first query
+        q_idx = torch.arange(lo, lo + queries.shape[-2], device=device)[:, None]  # (C, 1)
+        start, keys, values = key_spans[c][0], key_spans[c][1], value_spans[c][1]
+        kv_idx = torch.arange(start, start + keys.shape[-2], device=device)[None, :]
+        mask = in_window(q_idx, kv_idx)[None, None]  # (1, 1, C, span)
         if real is not None:
-            mask = mask & real[..., start:stop]
-        if sinks is not None:  # seen where the query may see them and its window does not hold them
+            mask = mask & real[..., start : start + keys.shape[-2]]
+        if visibility.sink_tokens:  # seen where the query may see them and its window does not hold them
             seen = visibility.unwindowed.predicate(q_idx, sink_index) & ~window_overlay(window)(q_idx, sink_index)
             seen = seen & sink_real  # (B|1, 1, C, s)
             rows = max(seen.shape[0], mask.shape[0])
             mask = torch.cat([seen.expand(rows, -1, -1, -1), mask.expand(rows, -1, -1, -1)], dim=-1)
             keys, values = torch.cat([sink_keys, keys], dim=-2), torch.cat([sink_values, values], dim=-2)
-        out[:, :, lo:hi] = masked_sdpa(q[:, :, lo:hi], keys, values, mask, scale, dropout,
-                                       enable_gqa=k.shape[1] != heads)  # fmt: skip
-    return out
+        outputs.append(masked_sdpa(queries, keys, values, mask, scale, dropout, enable_gqa=k.shape[1] != heads))
+    return torch.cat(outputs, dim=2)
+
+
+def chunk_spans(x: torch.Tensor, query_start: int, chunk: int, left: int, right: int) -> list[tuple[int, torch.Tensor]]:
+    """Per chunk of queries, the first key index and the keys (or values) of `x` (B, H, S, D) it can reach: up to
+    `left` before the chunk, the chunk's own, up to `right` after it (each <= `chunk`). Pieces of one split of `x`:
+    a slice of the whole `x` per chunk would cost autograd a whole-size gradient per chunk."""
+    earlier, own = x[:, :, :query_start], x[:, :, query_start:].split(chunk, dim=2)
+    spans = []
+    for c, part in enumerate(own):
+        before = own[c - 1] if c else earlier
+        before = before[:, :, before.shape[-2] - min(left, before.shape[-2]) :]
+        after = own[c + 1][:, :, :right] if c + 1 < len(own) else part[:, :, :0]
+        start = query_start + c * chunk - before.shape[-2]
+        spans.append((start, torch.cat([before, part, after], dim=2) if before.shape[-2] or after.shape[-2] else part))
+    return spans
 
 
 def first_keys(real: torch.Tensor | None, count: int, num_keys: int, device: torch.device):

@@ -69,9 +69,26 @@ class LayerHeads:
         self.sources = {kind: [position[h // group_size] for h in heads] for kind, heads in self.heads.items()}
         self.every_source = [position[h // group_size] for h in range(len(self.kinds))]  # the same, in head order
         self.pure_groups = all(len(set(group)) == 1 for group in groups)  # no group read by heads of both kinds
+        # Where no group mixes kinds: each kind's query heads as runs of consecutive heads, each with the run of the
+        # kind's key/value heads it reads (`reads`: views of the queries and of the cache, no copies).
+        self.runs = None
+        if self.pure_groups:
+            self.runs = {kind: head_runs(heads, group_size, position) for kind, heads in self.heads.items()}
         # What a local head sees: the `local_window` previous tokens, itself with `attend_to_self`, and the first
         # `sink_tokens`.
         self.visibility = Visibility(True, attend_to_self, local_window, sink_tokens)
+
+
+def head_runs(heads: list[int], group_size: int, position: dict) -> list[tuple[slice, slice]]:
+    """Consecutive query heads of one kind, as (their slice, the slice of the kind's key/value heads they read)."""
+    runs, start = [], 0
+    for i in range(1, len(heads) + 1):
+        if i == len(heads) or heads[i] != heads[i - 1] + 1:
+            first, last = heads[start], heads[i - 1]
+            kv_first, kv_last = position[first // group_size][1], position[last // group_size][1]
+            runs.append((slice(first, last + 1), slice(kv_first, kv_last + 1)))
+            start = i
+    return runs
 
 
 def layer_heads(config, layer_idx: int) -> LayerHeads:
@@ -128,33 +145,32 @@ def hybrid_attention(module, query, key, value, attention_mask, scaling: float, 
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
         )
-    outputs = {}
+    outputs = []
     if "global" in heads.heads:
-        outputs["global"] = global_heads(module, query, keys, values, attention_mask, scaling, dropout)
+        outputs += global_heads(module, query, keys, values, attention_mask, scaling, dropout)
     if "local" in heads.heads:
         if newest_last and heads.sink_tokens:
             prefix = kwargs.get(SINK_PREFIX, heads.sink_tokens)
-            local = local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix)
+            outputs += local_heads_with_sinks(query, keys, values, attention_mask, heads, scaling, dropout, prefix)
         elif newest_last:
-            local = local_heads(query, keys, values, attention_mask, heads, scaling, dropout)
+            outputs.append(local_heads(query, keys, values, attention_mask, heads, scaling, dropout))
         else:
-            local = local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout)
-        outputs["local"] = local
+            outputs.append(local_heads_by_mask(query, keys, values, attention_mask, heads, scaling, dropout))
     if "positional" in heads.heads:
         masks, key_rows = newest_keys(values, attention_mask, rows[1])
-        outputs["positional"] = positional_heads(module, values, masks, rows[0], key_rows, dropout)
-    return heads_in_order(outputs, heads), None
+        outputs.append((heads.heads["positional"], positional_heads(module, values, masks, rows[0], key_rows, dropout)))
+    return heads_in_order(outputs, len(heads.kinds)), None
 
 
-def heads_in_order(outputs: dict[str, torch.Tensor], heads: LayerHeads) -> torch.Tensor:
-    """(B, T, H, D): each kind's (B, H_kind, T, D) output written into its heads' places, in the layout the model's
-    output projection reads (its reshape then copies nothing). Kinds computed in different dtypes (under autocast)
-    meet in the wider one, as `torch.cat` would have them."""
-    first = next(iter(outputs.values()))
-    dtype = functools.reduce(torch.promote_types, (x.dtype for x in outputs.values()))
-    out = first.new_empty(first.shape[0], first.shape[2], len(heads.kinds), first.shape[3], dtype=dtype)
-    for kind, x in outputs.items():
-        out[:, :, heads.heads[kind]] = x.transpose(1, 2).to(dtype)
+def heads_in_order(outputs: list[tuple[slice | list[int], torch.Tensor]], num_heads: int) -> torch.Tensor:
+    """(B, T, H, D): each (B, h, T, D) output written into its heads' places, in the layout the model's output
+    projection reads (its reshape then copies nothing). Heads computed in different dtypes (under autocast) meet in
+    the wider one, as `torch.cat` would have them."""
+    first = outputs[0][1]
+    dtype = functools.reduce(torch.promote_types, (x.dtype for _, x in outputs))
+    out = first.new_empty(first.shape[0], first.shape[2], num_heads, first.shape[3], dtype=dtype)
+    for index, x in outputs:
+        out[:, :, index] = x.transpose(1, 2).to(dtype)
     return out
 
 
@@ -166,27 +182,30 @@ def hybrid_attention_eager(module, query, key, value, attention_mask, scaling: f
     return hybrid_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
-def global_heads(module, query, keys: dict, values: dict, attention_mask, scaling: float, dropout: float):
-    """(B, H_global, T, D): the global heads over every key. Where no key/value group mixes kinds, the global heads
-    are whole groups of the cache's global key/value heads, and transformers' SDPA function runs them as the model
-    would (grouped-query attention without copying keys); otherwise each head gets a copy of its keys and values."""
+def global_heads(module, query, keys: dict, values: dict, attention_mask, scaling: float,
+                 dropout: float) -> list[tuple[slice | list[int], torch.Tensor]]:  # fmt: skip
+    """The global heads over every key, as (heads, (B, h, T, D)) pieces (`reads`). Where no key/value group mixes
+    kinds, transformers' SDPA function runs each run of them as the model would (grouped-query attention in
+    place); otherwise each head gets a copy of its keys and values."""
     heads: LayerHeads = module.hf_attn_heads
-    query = query[:, heads.heads["global"]]
-    if heads.pure_groups:
-        out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](
-            module, query, keys["global"], values["global"], attention_mask, dropout=dropout, scaling=scaling
-        )
-        return out.transpose(1, 2)
-    k, v = per_head(keys, heads.sources["global"]), per_head(values, heads.sources["global"])
-    return global_attention(query, k, v, Visibility(True, True), attention_mask, scaling, dropout)
+    if heads.runs is None:
+        ((index, q, k, v),) = reads("global", query, keys, values, heads)
+        return [(index, global_attention(q, k, v, Visibility(True, True), attention_mask, scaling, dropout))]
+    outputs = []
+    for index, q, k, v in reads("global", query, keys, values, heads):
+        out, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, attention_mask, dropout=dropout, scaling=scaling)
+        outputs.append((index, out.transpose(1, 2)))
+    return outputs
 
 
-def local_heads(query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float):
-    """(B, H_local, T, D): the local heads over the newest T + `local_window` keys at most, all a query can see."""
+def local_heads(query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float,
+                dropout: float) -> tuple[list[int], torch.Tensor]:  # fmt: skip
+    """The local heads, (B, H_local, T, D), over the newest T + `local_window` keys at most, all a query can see."""
     query, sources = query[:, heads.heads["local"]], heads.sources["local"]
     length = min(query.shape[-2] + heads.local_window, *(keys[kind].shape[-2] for kind, _ in sources))
     k, v = per_head(keys, sources, length), per_head(values, sources, length)
-    return local_attention(query, k, v, heads.visibility, local_mask(attention_mask, heads, query, k), scaling, dropout)
+    mask = local_mask(attention_mask, heads, query, k)
+    return heads.heads["local"], local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
 
 
 def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -202,24 +221,29 @@ def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tens
 
 def local_heads_with_sinks(
     query, keys: dict, values: dict, attention_mask, heads: LayerHeads, scaling: float, dropout: float, prefix: int
-) -> torch.Tensor:
-    """(B, H_local, T, D): the local heads over the first `prefix` tokens (the sinks, after any left padding) and the
-    newest T + `local_window`, all a query can see: what an `HfAttnCache` keeps for them, taken alike from a key/value
-    head kept whole. Without a mask those keys go, as if in a row (which keeps every distance that matters), to the
-    chunked kernel: O(T * (k + s)) time and memory, key/value heads read in place where whole groups of query heads
-    read them. Under a mask the window and the sinks are counted along it over those keys."""
-    query, sources = query[:, heads.heads["local"]], heads.sources["local"]
+) -> list[tuple[slice | list[int], torch.Tensor]]:
+    """The local heads, as (heads, (B, h, T, D)) pieces (`reads`), over the first `prefix` tokens (the sinks, after
+    any left padding) and the newest T + `local_window`, all a query can see: what an `HfAttnCache` keeps for them,
+    taken alike from a key/value head kept whole. Without a mask those keys go, as if in a row (which keeps every
+    distance that matters), to the chunked kernel: O(T * (k + s)) time and memory. Under a mask the window and the
+    sinks are counted along it over those keys."""
     num_queries = query.shape[-2]
-    lengths = [keys[kind].shape[-2] for kind, _ in sources]
+    lengths = [keys[kind].shape[-2] for kind, _ in heads.sources["local"]]
     first = min(prefix, *lengths)
     last = min(num_queries + heads.local_window, *(length - first for length in lengths))
     kept_keys, kept_values = ({kind: first_and_last(x, first, last) for kind, x in states.items()}
                               for states in (keys, values))  # fmt: skip
-    k, v = grouped_or_per_head(kept_keys, sources), grouped_or_per_head(kept_values, sources)
-    if attention_mask is None:
-        return local_attention(query, k, v, heads.visibility, None, scaling, dropout)
-    visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
-    return masked_sdpa(query, k, v, visible, scaling, dropout, enable_gqa=k.shape[1] != query.shape[1])
+    visible = None
+    if attention_mask is not None:
+        visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+    outputs = []
+    for index, q, k, v in reads("local", query, kept_keys, kept_values, heads):
+        if visible is None:
+            out = local_attention(q, k, v, heads.visibility, None, scaling, dropout)
+        else:
+            out = masked_sdpa(q, k, v, visible, scaling, dropout, enable_gqa=k.shape[1] != q.shape[1])
+        outputs.append((index, out))
+    return outputs
 
 
 def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> torch.Tensor:
@@ -231,13 +255,13 @@ def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> tor
 
 def local_heads_by_mask(
     query, keys: dict, values: dict, attention_mask: torch.Tensor, heads: LayerHeads, scaling: float, dropout: float
-) -> torch.Tensor:
-    """(B, H_local, T, D): the local heads over keys in whatever order the mask describes, each query seeing the
+) -> tuple[list[int], torch.Tensor]:
+    """The local heads, (B, H_local, T, D), over keys in whatever order the mask describes, each query seeing the
     `local_window` keys nearest before it among those the mask lets it see (and itself with `attend_to_self`)."""
     query, sources = query[:, heads.heads["local"]], heads.sources["local"]
     k, v = per_head(keys, sources), per_head(values, sources)
     mask = local_visible(attention_mask, heads.visibility)
-    return local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
+    return heads.heads["local"], local_attention(query, k, v, heads.visibility, mask, scaling, dropout)
 
 
 def newest_keys(values: dict, attention_mask, key_rows: torch.Tensor) -> tuple[dict, dict]:
@@ -304,18 +328,19 @@ def placed_attention(
     num_queries = query.shape[-2]
     masks = {kind: placed_mask(attention_mask, index, keys[kind].shape[-2], num_queries, query.device)
              for kind, index in placed.items()}  # fmt: skip
-    outputs = {}
+    outputs = []
     if "global" in heads.heads:
-        outputs["global"] = global_heads(module, query, keys, values, masks["global"], scaling, dropout)
+        outputs += global_heads(module, query, keys, values, masks["global"], scaling, dropout)
     if "local" in heads.heads:
-        outputs["local"] = local_heads_placed(query, keys, values, masks, heads, scaling, dropout)
+        outputs.append((heads.heads["local"], local_heads_placed(query, keys, values, masks, heads, scaling, dropout)))
     if "positional" in heads.heads:
         query_rows, key_rows = rows
         last = key_rows.shape[1] - 1  # an empty slot's index is past every key: its column is hidden
         by_index = {kind: key_rows if index is None else key_rows[:, index.clamp(max=last)]
                     for kind, index in placed.items()}  # fmt: skip
-        outputs["positional"] = positional_heads(module, values, masks, query_rows, by_index, dropout)
-    return heads_in_order(outputs, heads), None
+        outputs.append((heads.heads["positional"], positional_heads(module, values, masks, query_rows, by_index,
+                                                                    dropout)))  # fmt: skip
+    return heads_in_order(outputs, len(heads.kinds)), None
 
 
 def placed_mask(attention_mask, index: torch.Tensor | None, num_keys: int, num_queries: int,
@@ -431,7 +456,13 @@ def by_kv_kind(states, heads: LayerHeads) -> dict[str, torch.Tensor]:
         return states
     if len(heads.kv_heads) == 1:
         return {next(iter(heads.kv_heads)): states}
-    return {kind: states[:, indices] for kind, indices in heads.kv_heads.items()}
+    return {kind: states[:, as_slice(indices)] for kind, indices in heads.kv_heads.items()}
+
+
+def as_slice(indices: list[int]) -> slice | list[int]:
+    """Consecutive indices as a slice, which takes a view rather than a copy."""
+    consecutive = indices == list(range(indices[0], indices[-1] + 1))
+    return slice(indices[0], indices[-1] + 1) if consecutive else indices
 
 
 def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = None) -> torch.Tensor:
@@ -441,16 +472,15 @@ def per_head(states: dict, sources: list[tuple[str, int]], length: int | None = 
     return torch.stack([states[kind][:, index, start:] for kind, index in sources], dim=1)
 
 
-def grouped_or_per_head(states: dict, sources: list[tuple[str, int]]) -> torch.Tensor:
-    """What `sources`' query heads read: one kind's key/value heads as they are where each is read by as many
-    consecutive query heads (SDPA's grouped-query attention then reads them in place), else `per_head`'s copies."""
-    kinds = {kind for kind, _ in sources}
-    if len(kinds) == 1:
-        kind = kinds.pop()
-        group, rest = divmod(len(sources), states[kind].shape[1])
-        if group and not rest and [index for _, index in sources] == [h // group for h in range(len(sources))]:
-            return states[kind]
-    return per_head(states, sources)
+def reads(kind: str, query, keys: dict, values: dict, heads: LayerHeads) -> list[tuple]:
+    """What the query heads of `kind` read, as (their heads, their queries, keys, values): where no group mixes kinds,
+    each run of consecutive heads with the run of key/value heads it reads, all views (SDPA's grouped-query attention
+    reads them in place); otherwise the kind's heads at once, each given a copy of its keys and values."""
+    if heads.runs is not None:
+        runs = heads.runs[kind]
+        return [(run, query[:, run], keys[kind][:, kv_run], values[kind][:, kv_run]) for run, kv_run in runs]
+    index, sources = heads.heads[kind], heads.sources[kind]
+    return [(index, query[:, index], per_head(keys, sources), per_head(values, sources))]
 
 
 AttentionInterface.register(HYBRID_ATTENTION, hybrid_attention)

@@ -11,6 +11,8 @@ import pytest
 import torch
 from naive import naive_attention
 from test_hybrid import LAYOUT, batch, greedy_by_recomputing, tiny
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
@@ -26,21 +28,22 @@ SINKS, WINDOW = 3, 2
 # --- the kernel --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_queries", [40, 3])  # a whole sequence (chunked kernel), a few queries past a cache
+@pytest.mark.parametrize("num_queries", [80, 50, 3])  # a whole sequence; a later prompt chunk; a few queries
 @pytest.mark.parametrize("local_window", [1, 2, 16])
 @pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("padded", [False, True])
 def test_local_attention_with_sinks_equals_the_naive_reference(num_queries, local_window, is_causal, attend_to_self,
                                                                padded):  # fmt: skip
     torch.manual_seed(0)
-    num_keys = 40
-    q = torch.randn(2, 3, num_queries, 8)
+    num_keys = 80  # chunks of 32 queries
+    q = torch.randn(2, 6, num_queries, 8)  # 6 query heads over 3 key/value heads (grouped-query attention)
     k, v = torch.randn(2, 3, num_keys, 8), torch.randn(2, 3, num_keys, 8)
     key_mask = torch.ones(2, num_keys, dtype=torch.bool)
     if padded:
         key_mask[0, :5] = False  # row 0's sinks are keys 5, 6, 7
     visibility = Visibility(is_causal, attend_to_self, local_window, SINKS)
     out = local_attention(q, k, v, visibility, key_mask if padded else None, scale=0.3)
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     expected, _ = naive_attention(q, k, v, is_causal, attend_to_self, local_window, key_mask if padded else None,
                                   scale=0.3, sink_tokens=SINKS)  # fmt: skip
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
@@ -56,9 +59,46 @@ def test_sinks_change_what_a_local_head_computes_only_beyond_its_window():
     assert (with_sinks[:, :, WINDOW + 1 :] - without[:, :, WINDOW + 1 :]).abs().amax(-1).min() > 1e-3
 
 
+class NewStorages(TorchDispatchMode):
+    """The bytes of every storage the ops run inside it make (`made`): views and in-place results of their inputs
+    are not new."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[int, int]] = []  # (bytes, data pointer)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
+                self.made.append((t.untyped_storage().nbytes(), t.untyped_storage().data_ptr()))
+        return out
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("num_queries", [2048, 1000])  # a whole sequence; a prompt's second chunk after a cache
+def test_local_attention_with_sinks_makes_nothing_the_size_of_the_sequence_per_head(padded, num_queries):
+    """Beyond its output, every tensor the kernel makes is a chunk's, smaller than one head's keys: no mask, copy or
+    index per head over the sequence (6 query heads over 2 key/value heads, read in place; the values are checked
+    against the naive reference at a smaller size above)."""
+    torch.manual_seed(0)
+    batch, num_keys, dim = 2, 2048, 16
+    q = torch.randn(batch, 6, num_queries, dim)
+    k, v = torch.randn(batch, 2, num_keys, dim), torch.randn(batch, 2, num_keys, dim)
+    key_mask = torch.ones(batch, num_keys, dtype=torch.bool)
+    key_mask[0, :100] = False  # left padding: row 0's sinks are keys 100..103
+    visibility = Visibility(True, True, 64, 4)
+    with torch.inference_mode(), NewStorages() as storages:
+        out = local_attention(q, k, v, visibility, key_mask if padded else None, scale=0.25)
+    others = [size for size, pointer in storages.made if pointer != out.untyped_storage().data_ptr()]
+    assert out.shape == q.shape and max(others) < num_keys * dim * k.element_size()  # one head's keys
+
+
 # --- hybridized models -------------------------------------------------------------------------------------------
 
 NAIVE_SINKS = "hf_attn_test_naive_sinks"
+NAIVE_SINK_LAYOUT = {"layout": LAYOUT}  # the layout `naive_sink_attention` follows (a test may change it)
 
 
 def naive_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -66,7 +106,7 @@ def naive_sink_attention(module, query, key, value, attention_mask, scaling, dro
     the first `SINKS` real keys, except in a layer the model slides a window over (Gemma 3's sliding layers, whose
     window holds these texts), where its mask hides the first tokens beyond it; padding from the mask's last row;
     query head h reads key/value head h // group."""
-    kinds = LAYOUT[module.layer_idx]
+    kinds = NAIVE_SINK_LAYOUT["layout"][module.layer_idx]
     group = query.shape[1] // key.shape[1]
     key_mask = None if attention_mask is None else attention_mask[:, 0, -1, :]
     sinks = 0 if getattr(module, "sliding_window", None) else SINKS
@@ -113,6 +153,25 @@ def test_hybridized_local_heads_with_sinks_equal_the_naive_reference(family, pad
         ids, attention_mask=mask, position_ids=positions_of(mask)
     ).logits
     assert (plain - expected)[:, -1].abs().max() > 1e-3  # the sinks matter here
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_whole_groups_of_each_kind_interleaved_equal_the_naive_reference(padded, monkeypatch):
+    """Qwen2's 8 query heads over 4 key/value heads, each group of one kind but the kinds interleaved: each run of
+    consecutive heads reads its run of key/value heads in place (`LayerHeads.runs`), and the pieces land in head
+    order."""
+    layout = [["local", "local", "global", "global", "local", "local", "global", "global"],
+              ["global", "global", "local", "local", "local", "local", "global", "global"]]  # fmt: skip
+    monkeypatch.setitem(NAIVE_SINK_LAYOUT, "layout", layout)
+    twin = tiny("qwen2")
+    twin.set_attn_implementation(NAIVE_SINKS)
+    ids, mask = batch(length=24)
+    mask = mask if padded else torch.ones_like(mask)
+    expected = twin(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    model = with_sinks("qwen2", layout=layout)
+    assert [len(runs) for runs in model.model.layers[0].self_attn.hf_attn_heads.runs.values()] == [2, 2]
+    got = model(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
