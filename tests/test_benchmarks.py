@@ -511,3 +511,52 @@ def test_serving_http_benchmark_answers_every_client_and_rewrites_its_report(tmp
     (folder / "results.md").unlink()
     serving_http.main(["--report", "--output-dir", str(folder)])
     assert (folder / "results.md").read_bytes() == written
+
+
+def test_hybrid_speed_benchmark_measures_every_model_and_rewrites_its_report(tmp_path, monkeypatch):
+    """--quick end to end, each measurement in this process rather than a fresh one (the spawning is all that is
+    left out): every length, dtype and batch has both models' figures; the hybridized tiny Llama's cache holds less
+    at 128 tokens (half its key/value groups 16-local with 4 sinks); each capacity is a batch that fits the budget
+    with one more that does not; --report rewrites results.md byte for byte."""
+    from benchmarks import hybrid_speed
+
+    monkeypatch.setattr(hybrid_speed, "in_fresh_process", hybrid_speed.measure)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", hybrid_speed.MALLOC_MMAP_THRESHOLD)  # restored afterwards
+    folder = tmp_path / "out"
+    hybrid_speed.main(["--quick", "--output-dir", str(folder)])
+    result = json.loads((folder / "results.json").read_text())
+    assert list(result["models"]) == ["unmodified", "k16"] and result["models"]["k16"]["local_groups"] == 2
+    assert set(result["lengths"]) == {"float32", "bfloat16"} and list(result["batches"]) == ["1", "4"]
+    for figures in [*result["lengths"]["float32"].values(), *result["lengths"]["bfloat16"].values()]:
+        assert figures["k16"]["cache_bytes"] < figures["unmodified"]["cache_bytes"]
+        assert all(figures[name]["peak_bytes"] > 0 and figures[name]["prefill_seconds"] > 0 for name in figures)
+    batches = result["batches"]
+    assert batches["4"]["unmodified"]["cache_bytes"] == 4 * batches["1"]["unmodified"]["cache_bytes"]
+    for name, at in result["capacity"].items():
+        assert at["batch"] >= 1 and at["decode_peak_bytes"] <= result["budget_bytes"], name
+        assert at["probed"][str(at["batch"] + 1)]["decode_peak_bytes"] > result["budget_bytes"], name
+    written = (folder / "results.md").read_bytes()
+    assert b"| k16: sequences decoded within the budget | " in written and b"| >= 1.8x |" in written
+    (folder / "results.md").unlink()
+    hybrid_speed.main(["--report", "--output-dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written
+
+
+@pytest.mark.parametrize("budget,expected", [(1000, 90), (105, 0), (110, 1), (10_000, 990)])
+def test_capacity_search_finds_the_largest_batch_that_fits(budget, expected, monkeypatch):
+    """A decoding peak of 100 + 10 per row, predicted from two batches whose peaks mislead (the first is high): the
+    search still ends on the batch that fits with the next one failing, or on none."""
+    from benchmarks import hybrid_speed
+
+    probed = []
+
+    def fake(spec: dict) -> dict:
+        probed.append(spec["batch"])
+        return {"decode_peak_bytes": 100 + 10 * spec["batch"], "decode_ms": 1.0}
+
+    monkeypatch.setattr(hybrid_speed, "in_fresh_process", fake)
+    batches = {1: {"decode_peak_bytes": 150}, 4: {"decode_peak_bytes": 160}}
+    found = hybrid_speed.capacity({}, batches, budget, context=8)
+    assert found["batch"] == expected and len(probed) == len(set(probed)) <= 30
+    if expected:
+        assert found["tokens_per_second"] == expected * 1000 and str(expected + 1) in found["probed"]
