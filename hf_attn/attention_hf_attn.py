@@ -26,6 +26,9 @@ from .visibility_hf_attn import Visibility, visibility_mask, window_overlay
 MAX_OFFSETS_FOR_SHIFT_KERNEL = 12
 # Queries per chunk in the blocked kernel: large enough for efficient matmuls, small enough to skip most of T x T.
 MIN_CHUNK = 32
+# Up to this many queries (a decoding step, a short draft), local heads run one SDPA over a whole (T x S) mask: fewer
+# operations than a pass per key offset or the chunked kernel's bookkeeping.
+MAX_QUERIES_FOR_ONE_MASK = 16
 
 
 # --- shared pieces ---------------------------------------------------------------------------------------------
@@ -138,7 +141,8 @@ def local_attention(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
     """(B, H, T, D) content attention over the k nearest keys (and the first s), in O(T * (k + s)): one pass per
-    key offset for a few offsets without sinks, else chunks of queries. A whole 4D mask goes to SDPA. Fewer
+    key offset for a few offsets without sinks, else chunks of queries (one small mask for a few queries). A whole 4D
+    mask goes to SDPA. Fewer
     key/value heads than query heads (grouped-query attention) are read in place by SDPA, never copied per head."""
     grouped = k.shape[1] != q.shape[1]
     if key_mask is not None and key_mask.dim() == 4:
@@ -146,6 +150,9 @@ def local_attention(
     few_offsets = not visibility.sink_tokens and len(visibility.offsets()) <= MAX_OFFSETS_FOR_SHIFT_KERNEL
     if few_offsets and not grouped:
         return local_attention_by_offsets(q, k, v, visibility, key_mask, scale, dropout)[0]
+    if q.shape[-2] <= MAX_QUERIES_FOR_ONE_MASK:
+        mask = visibility_mask(visibility, q.shape[-2], key_mask, k.shape[-2], q.device)
+        return masked_sdpa(q, k, v, mask, scale, dropout, enable_gqa=grouped)
     return local_attention_by_chunks(q, k, v, visibility, key_mask, scale, dropout)
 
 

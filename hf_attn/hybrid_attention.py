@@ -13,10 +13,18 @@ import functools
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .attention_hf_attn import global_attention, local_attention, masked_sdpa, masked_softmax, positional_attention
+from .attention_hf_attn import (
+    MAX_QUERIES_FOR_ONE_MASK,
+    global_attention,
+    local_attention,
+    masked_sdpa,
+    masked_softmax,
+    positional_attention,
+)
 from .attention_inputs_hf_attn import place_columns
 from .cache_hf_attn import KEY_INDEX, model_window
 from .visibility_hf_attn import Visibility, local_visible, visibility_mask
@@ -36,9 +44,6 @@ POSITIONAL_ROWS = "hf_attn_positional_rows"
 KINDS = ("global", "local", "positional")
 # What a positional head sees: every earlier token and itself, as the model's global heads do.
 POSITIONAL_VISIBILITY = Visibility(True, True)
-# Up to this many queries (a decoding step, a short draft), local heads run SDPA over their T + k keys with a band
-# mask rather than the banded kernel's pass per key offset.
-MAX_QUERIES_FOR_SDPA = 16
 
 # --- which head is which ---------------------------------------------------------------------------------------
 
@@ -213,7 +218,7 @@ def local_mask(attention_mask, heads: LayerHeads, q: torch.Tensor, k: torch.Tens
     it all and the queries are many; else a whole mask with their window in it, the model's mask too if it has one.
     A decoding step's few queries run faster as one small SDPA than as a pass per key offset."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
-    if attention_mask is None and num_queries > MAX_QUERIES_FOR_SDPA:
+    if attention_mask is None and num_queries > MAX_QUERIES_FOR_ONE_MASK:
         return None
     window = visibility_mask(heads.visibility, num_queries, None, num_keys, q.device)
     return window if attention_mask is None else attention_mask[..., -num_keys:].bool() & window
@@ -236,9 +241,14 @@ def local_heads_with_sinks(
     visible = None
     if attention_mask is not None:
         visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+    # One new token seeing itself sees every key kept: the sinks and its window.
+    sees_every_key = visible is None and num_queries == 1 and heads.visibility.attend_to_self
     outputs = []
     for index, q, k, v in reads("local", query, kept_keys, kept_values, heads):
-        if visible is None:
+        if sees_every_key:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling,
+                                                 enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
+        elif visible is None:
             out = local_attention(q, k, v, heads.visibility, None, scaling, dropout)
         else:
             out = masked_sdpa(q, k, v, visible, scaling, dropout, enable_gqa=k.shape[1] != q.shape[1])

@@ -49,7 +49,7 @@ from transformers.modeling_utils import AttentionInterface
 import hf_attn
 from hf_attn import HfAttnCache, hybridize
 from hf_attn.cache_hf_attn import HfAttnDynamicCache
-from hf_attn.hybrid_attention import MAX_QUERIES_FOR_SDPA
+from hf_attn.hybrid_attention import MAX_QUERIES_FOR_ONE_MASK
 from hf_attn.visibility_hf_attn import Visibility, local_visible
 
 VOCAB = 97
@@ -153,7 +153,7 @@ def test_local_heads_equal_a_naive_reference(family, attend_to_self, padded):
     twin = naive_twin(model, LAYOUT, local_window=2, attend_to_self=attend_to_self)
     hybrid = hybridize(model, head_layout=LAYOUT, local_window=2, attend_to_self=attend_to_self)
     ids, mask = batch(length=24)
-    assert ids.shape[1] > MAX_QUERIES_FOR_SDPA  # unpadded, the local heads run the banded kernel
+    assert ids.shape[1] > MAX_QUERIES_FOR_ONE_MASK  # unpadded, the local heads run the banded kernel
     mask = mask if padded else torch.ones_like(mask)
     expected = twin(ids, attention_mask=mask).logits
     torch.testing.assert_close(hybrid(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)

@@ -1,25 +1,25 @@
-"""docs/hybrid.md's and docs/serving.md's generated tables from the committed benchmark results: the offline models the
-hybrid trade-off converts, the trade-off per model and window, the long-context benchmark per model (with its CPU
-check), what converting a pretrained model's heads to positional costs, and continuous batching in process and over
-HTTP."""
+"""docs/hybrid.md's, docs/performance.md's and docs/serving.md's generated tables from the committed benchmark results:
+the offline models the hybrid trade-off converts, the trade-off per model and window, the long-context benchmark per
+model (with its CPU check), what converting a pretrained model's heads to positional costs, memory and speed at every
+length and batch, and continuous batching in process and over HTTP."""
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import hybrid_tradeoff, long_context, positional_conversion, serving, serving_http
+from benchmarks import hybrid_speed, hybrid_tradeoff, long_context, positional_conversion, serving, serving_http
 from training.committed_results import (
     DOCS,
     HYBRID_TRADEOFF,
     LONG_CONTEXT,
     LONG_CONTEXT_CPU_CHECK,
+    ONE_RUN_BENCHMARKS,
     POSITIONAL_CONVERSION,
     ROOT,
-    SERVING,
 )
 
-# Each serving benchmark's module, by the name of its generated block.
-SERVING_MODULES = {"serving": serving, "serving-http": serving_http}
+# Each one-run benchmark's module, by the name of its generated block.
+ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "hybrid-speed": hybrid_speed}
 
 
 def hybrid_pretraining_text() -> str:
@@ -144,15 +144,15 @@ def positional_conversion_text() -> str:
     return positional_conversion.report(result).split("\n", 2)[2].strip().replace("\n## ", "\n#### ")
 
 
-def serving_result(name: str) -> dict | None:
-    """The committed run of the serving benchmark `name` ("serving", "serving-http"), if there is one."""
-    path = DOCS / SERVING[name] / "results.json"
+def one_run_result(name: str) -> dict | None:
+    """The committed run of the one-run benchmark `name` (a key of `ONE_RUN_BENCHMARKS`), if there is one."""
+    path = DOCS / ONE_RUN_BENCHMARKS[name] / "results.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def serving_text(name: str) -> str:
-    """A serving benchmark's report without its title, for docs/serving.md."""
-    result = serving_result(name)
+def one_run_text(name: str) -> str:
+    """A one-run benchmark's report without its title, for the page that shows it."""
+    result = one_run_result(name)
     if result is None:
-        return f"No run published yet: `python -m benchmarks.{SERVING[name]}` makes one."
-    return SERVING_MODULES[name].report(result).split("\n", 2)[2].strip()
+        return f"No run published yet: `python -m benchmarks.{ONE_RUN_BENCHMARKS[name]}` makes one."
+    return ONE_RUN_MODULES[name].report(result).split("\n", 2)[2].strip()

@@ -40,7 +40,8 @@ HYBRID_TRADEOFF = "hybrid_tradeoff"  # benchmarks/hybrid_tradeoff.py's results (
 POSITIONAL_CONVERSION = "positional_conversion"  # benchmarks/positional_conversion.py's results
 LONG_CONTEXT = "long_context"  # benchmarks/long_context.py's results, a folder per model
 LONG_CONTEXT_CPU_CHECK = "long_context_cpu_check"  # its first configurations, measured on the CPU before the GPU run
-SERVING = {"serving": "serving", "serving-http": "serving_http"}  # benchmarks/serving{,_http}.py's results, by module
+# Benchmarks whose one run (docs/results/FOLDER/results.json) is a generated block of its own: FOLDER by block name.
+ONE_RUN_BENCHMARKS = {"serving": "serving", "serving-http": "serving_http", "hybrid-speed": "hybrid_speed"}
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports `training.reports` rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
 IDLE_TIMED = (*PAPER_B_FORMAL, "wikitext_cpu")

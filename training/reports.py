@@ -44,17 +44,17 @@ from training import (  # noqa: F401  (each script registers its family)
 # The tables: Paper A's and Paper B's, docs/hybrid.md's benchmarks, the experiments index and run times; where the
 # committed results sit. Each name is importable from here as before (noqa: the ones this module does not use).
 from training.benchmark_tables import (
-    SERVING_MODULES,
+    ONE_RUN_MODULES,
     hybrid_pretraining_text,
     hybrid_tradeoff_runs,
     hybrid_tradeoff_tables,
     long_context_cpu_check_table,
     long_context_runs,
     long_context_tables,
+    one_run_result,
+    one_run_text,
     positional_conversion_result,
     positional_conversion_text,
-    serving_result,
-    serving_text,
 )
 from training.committed_results import (  # noqa: F401
     DOCS,
@@ -66,6 +66,7 @@ from training.committed_results import (  # noqa: F401
     IDLE_RUN_TIMES,
     IDLE_TIMED,
     LONG_CONTEXT,
+    ONE_RUN_BENCHMARKS,
     PAGES,
     PAPER_A,
     PAPER_B,
@@ -73,7 +74,6 @@ from training.committed_results import (  # noqa: F401
     POSITIONAL_CONVERSION,
     PUBLISHED,
     ROOT,
-    SERVING,
     SINUSOIDAL_UNSCALED,
     beside,
     pages,
@@ -148,8 +148,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "hybrid-long-context": long_context_tables,
     "long-context-cpu-check": long_context_cpu_check_table,
     "positional-conversion": positional_conversion_text,
-    "serving": lambda: serving_text("serving"),
-    "serving-http": lambda: serving_text("serving-http"),
+    "serving": lambda: one_run_text("serving"),
+    "serving-http": lambda: one_run_text("serving-http"),
+    "hybrid-speed": lambda: one_run_text("hybrid-speed"),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
@@ -229,9 +230,9 @@ def expected_reports() -> dict[Path, str]:
     benchmark_runs += [(folder, long_context.report(result)) for folder, result in long_context_runs()]
     if (result := positional_conversion_result()) is not None:
         benchmark_runs.append((DOCS / POSITIONAL_CONVERSION, positional_conversion.report(result)))
-    for name, module in SERVING_MODULES.items():
-        if (result := serving_result(name)) is not None:
-            benchmark_runs.append((DOCS / SERVING[name], module.report(result)))
+    for name, module in ONE_RUN_MODULES.items():
+        if (result := one_run_result(name)) is not None:
+            benchmark_runs.append((DOCS / ONE_RUN_BENCHMARKS[name], module.report(result)))
     for folder, text in benchmark_runs:
         expected[RESULTS_IN_ROOT / folder.relative_to(DOCS) / "results.md"] = text
     return expected
@@ -315,9 +316,9 @@ def main(argv: list[str] | None = None) -> None:
         long_context.write_reports(result, folder)
     if (result := positional_conversion_result()) is not None:
         (DOCS / POSITIONAL_CONVERSION / "results.md").write_text(positional_conversion.report(result))
-    for name, module in SERVING_MODULES.items():
-        if (result := serving_result(name)) is not None:
-            (DOCS / SERVING[name] / "results.md").write_text(module.report(result))
+    for name, module in ONE_RUN_MODULES.items():
+        if (result := one_run_result(name)) is not None:
+            (DOCS / ONE_RUN_BENCHMARKS[name] / "results.md").write_text(module.report(result))
     for page in PAGES:
         page.write_text(splice_tables(page.read_text()))
     print(f"rewrote the reports in {DOCS.relative_to(ROOT)} and the generated tables of README.md and docs/")
