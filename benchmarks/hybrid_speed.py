@@ -10,40 +10,50 @@ Models: `--model` (any `hf_attn.pretrained` source) unmodified, and hybridized b
 the score stored in LAYOUT_DIR/scores (the layouts `benchmarks.long_context` measured; `--quick`: a tiny random Llama
 and a layout drawn at random).
 
-Every measurement runs in a fresh process (`spawn`) on `--threads` threads, with glibc told to map every allocation
-above 128 KiB on its own (`MALLOC_MMAP_THRESHOLD_=131072`): a freed tensor then leaves the resident set at once, so
-that peak resident memory (Linux's VmHWM, reset after loading) is what the tensors needed and not the allocator's
-history (without it, one prefill's peak varied from 337 to 482 MiB between identical processes). A process loads the
-model, prefills a random prompt of `tokens - steps` tokens, repeats its cache `batch` times
-(`Cache.batch_repeat_interleave`: every row the same prompt, which costs what `batch` prompts would) and decodes
-`steps` greedy tokens. It records the prefill's seconds, the decoding step's median milliseconds (the first
-`WARM_UP_STEPS` left out), the peak resident memory above the loaded model over prefill and decoding at batch 1, and
-at any batch the peak while decoding (reset once the cache is built: the cache plus a step's working memory).
+Every measurement runs in a fresh process (`spawn`) on `--threads` threads. Memory is measured in processes where
+glibc maps every allocation above 128 KiB on its own (`MALLOC_MMAP_THRESHOLD_=131072`): a freed tensor then leaves
+the resident set at once, so that peak resident memory (Linux's VmHWM, reset after loading) is what the tensors needed
+and not the allocator's history (without it, one prefill's peak varied from 337 to 482 MiB between identical
+processes). That slows code which allocates often, so time is measured in other processes, with the default
+allocator (`benchmarks.common.MALLOC_MMAP_THRESHOLD` has the figures). A process loads the model, prefills a random
+prompt of `tokens - steps` tokens, repeats its cache `batch` times (`Cache.batch_repeat_interleave`: every row the
+same prompt, which costs what `batch` prompts would) and decodes `steps` greedy tokens. It records the prefill's
+seconds, the decoding step's median milliseconds (the first `WARM_UP_STEPS` left out), the peak resident memory above
+the loaded model over prefill and decoding at batch 1, and at any batch the peak while decoding (reset once the cache
+is built: the cache plus a step's working memory).
 
-- lengths: each of `--lengths` in each of `--dtypes`, batch 1: peak memory and prefill time;
-- batches: `--context` tokens, float32, each of `--batches`: decoding ms per step, tokens per second;
+- peaks: each of `--lengths` in each of `--dtypes`, batch 1: peak memory;
+- lengths: each of `--lengths`, float32, batch 1: prefill seconds and ms per decoding step;
+- batches: `--context` tokens, float32, each of `--batches`: ms per decoding step and tokens per second, and the
+  decoding peak;
 - capacity: the largest batch whose decoding at `--context` tokens peaks within `--budget-mib` above the loaded model,
   found from the batches' peaks (a straight line through them) and then checked in processes of its own: that batch
-  fits and one more does not. Tokens per second at it.
-Every measurement but the capacity checks runs `--repeats` times, the unmodified model and the hybridized ones in
-turn, the order alternating; medians and ranges. Writes OUTPUT_DIR/{results.json, results.md}.
+  fits and one more does not; then timed at that batch.
+Timings run `--repeats` times, the unmodified model and the hybridized ones in turn, the order alternating; medians
+and ranges. Memory runs once (the same prefill peaks within 4% between processes). Writes
+OUTPUT_DIR/{results.json, results.md}.
 """
 
 import argparse
 import json
-import multiprocessing
-import os
 import shlex
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 import transformers
 
-from benchmarks.common import command_line_parser, describe_machine, machine_load, peak_rss_bytes, rss_bytes
+from benchmarks.common import (
+    MALLOC_MMAP_THRESHOLD,
+    command_line_parser,
+    describe_machine,
+    machine_load,
+    peak_rss_bytes,
+    rss_bytes,
+)
+from benchmarks.common import in_fresh_process as fresh_process
 from benchmarks.generation import cache_argument, cache_bytes
 from benchmarks.long_context_configs import SCORE_NAMES
 from benchmarks.serving import code_version, head_layout, local_groups, score_path
@@ -52,7 +62,6 @@ from hf_attn.experiments.arguments import below_minimums
 from hf_attn.pretrained import load_causal_lm, source_argument
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MALLOC_MMAP_THRESHOLD = "131072"  # bytes: every larger allocation mapped on its own, returned to the system when freed
 WARM_UP_STEPS = 2  # decoding steps left out of the median
 # Defaults (None on the command line): the full run's, and --quick's.
 SIZES = {
@@ -200,9 +209,7 @@ def measure(spec: dict) -> dict:
 
 
 def in_fresh_process(spec: dict) -> dict:
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
-        return pool.submit(measure, spec).result()
+    return fresh_process(measure, spec, exact_memory=spec["exact_memory"])
 
 
 # --- the three measurements ----------------------------------------------------------------------------------------
@@ -231,6 +238,16 @@ def repeated(specs: dict[str, dict], sizes: dict, repeats: int) -> dict[str, lis
     return runs
 
 
+def memory(specs: dict[str, dict], sizes: dict) -> dict[str, dict]:
+    """Each model's figures from one process measuring memory (exact, so once is enough; its timings are not kept)."""
+    return {name: runs[0] for name, runs in repeated(specs, sizes | {"exact_memory": True}, 1).items()}
+
+
+def timing(specs: dict[str, dict], sizes: dict, repeats: int) -> dict[str, dict]:
+    """Each model's timings from `repeats` processes with the default allocator: medians and ranges."""
+    return {name: summary(runs) for name, runs in repeated(specs, sizes | {"exact_memory": False}, repeats).items()}
+
+
 def summary(runs: list[dict]) -> dict:
     """Medians and ranges of each figure over the repeats, and the runs themselves."""
     keys = [key for key in runs[0] if isinstance(runs[0][key], (int, float))]
@@ -253,7 +270,8 @@ def capacity(spec: dict, batches: dict[int, dict], budget: int, context: int) ->
 
     def fits(size: int) -> bool:
         if size not in probed:
-            probed[size] = in_fresh_process(spec | {"tokens": context, "batch": size, "dtype": "float32"})
+            probed[size] = in_fresh_process(spec | {"tokens": context, "batch": size, "dtype": "float32",
+                                                    "exact_memory": True})  # fmt: skip
             print(f"capacity probe {size}: {probed[size]}", flush=True)
         return probed[size]["decode_peak_bytes"] <= budget
 
@@ -271,32 +289,35 @@ def capacity(spec: dict, batches: dict[int, dict], budget: int, context: int) ->
     result = {"batch": fitting, "probed": {str(size): run for size, run in sorted(probed.items())},
               "predicted": predicted}  # fmt: skip
     if fitting:
-        at = probed[fitting]
-        result |= {"decode_ms": at["decode_ms"], "tokens_per_second": fitting * 1000 / at["decode_ms"],
-                   "decode_peak_bytes": at["decode_peak_bytes"]}  # fmt: skip
+        result["decode_peak_bytes"] = probed[fitting]["decode_peak_bytes"]
     return result
 
 
 def run(args, argv: list[str]) -> dict:
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = MALLOC_MMAP_THRESHOLD  # inherited by every spawned process
     start, load_at_start = time.perf_counter(), machine_load()
     print(f"load at start: {load_at_start['uptime']}", flush=True)
     model_config = (transformers.LlamaConfig(**TINY_LLAMA) if args.quick
                     else transformers.AutoConfig.from_pretrained(args.model) if Path(args.model).is_dir()
                     else load_causal_lm(args.model, dtype=torch.float32).config)  # fmt: skip
     specs = model_specs(args, model_config)
-
-    def measured(sizes: dict) -> dict[str, dict]:
-        return {name: summary(runs) for name, runs in repeated(specs, sizes, args.repeats).items()}
-
     # Keys as strings, as results.json has them: the report reads both alike.
-    lengths = {dtype: {str(length): measured({"tokens": length, "batch": 1, "dtype": dtype})
-                       for length in args.lengths} for dtype in args.dtypes}  # fmt: skip
-    batches = {str(batch): measured({"tokens": args.context, "batch": batch, "dtype": "float32"})
-               for batch in args.batches}  # fmt: skip
+    peaks = {dtype: {str(length): memory(specs, {"tokens": length, "batch": 1, "dtype": dtype})
+                     for length in args.lengths} for dtype in args.dtypes}  # fmt: skip
+    lengths = {str(length): timing(specs, {"tokens": length, "batch": 1, "dtype": "float32"}, args.repeats)
+               for length in args.lengths}  # fmt: skip
+    batches = {}
+    for batch in args.batches:
+        sizes = {"tokens": args.context, "batch": batch, "dtype": "float32"}
+        batches[str(batch)] = {"timing": timing(specs, sizes, args.repeats), "memory": memory(specs, sizes)}
     budget = args.budget_mib * 2**20
-    capacities = {name: capacity(spec, {b: batches[str(b)][name] for b in args.batches}, budget, args.context)
-                  for name, spec in specs.items()}  # fmt: skip
+    capacities = {}
+    for name, spec in specs.items():
+        found = capacity(spec, {b: batches[str(b)]["memory"][name] for b in args.batches}, budget, args.context)
+        if found["batch"]:
+            sizes = {"tokens": args.context, "batch": found["batch"], "dtype": "float32"}
+            timed = timing({name: spec}, sizes, args.repeats)[name]
+            found |= {"timing": timed, "tokens_per_second": found["batch"] * 1000 / timed["decode_ms"]}
+        capacities[name] = found
     return {
         "command": shlex.join(["python", "-m", "benchmarks.hybrid_speed", *argv]),
         "model": "tiny-random-llama" if args.quick else args.model, "family": model_config.model_type,
@@ -306,7 +327,7 @@ def run(args, argv: list[str]) -> dict:
                    for name, spec in specs.items()},
         "groups": model_config.num_hidden_layers * model_config.num_key_value_heads,
         "scores": None if args.score == "random" else str(score_path(layout_args(args, args.local_windows[0]))),
-        "lengths": lengths, "batches": batches, "capacity": capacities, "budget_bytes": budget,
+        "peaks": peaks, "lengths": lengths, "batches": batches, "capacity": capacities, "budget_bytes": budget,
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": sys.version.split()[0]},
         "code": code_version(), "malloc_mmap_threshold": int(MALLOC_MMAP_THRESHOLD),
@@ -331,27 +352,23 @@ def spread(figures: dict, key: str, scale: float = 1.0, digits: int = 2) -> str:
 
 def target_rows(result: dict) -> list[tuple[str, float, str, float]]:
     """(what, hybridized / unmodified, comparison, target) for each target and each hybridized model."""
-    names = [name for name in result["models"] if name != "unmodified"]
     context, largest = result["settings"]["context"], max(result["batches"], key=int)
+    timed, capacity = result["batches"][largest]["timing"], result["capacity"]
     rows = []
-    for name in names:
-        label = f"{name}: "
+    for name in list(result["models"])[1:]:
         peaks = {(dtype, int(length)): figures[name]["peak_bytes"] / figures["unmodified"]["peak_bytes"]
-                 for dtype, lengths in result["lengths"].items() for length, figures in lengths.items()}  # fmt: skip
+                 for dtype, lengths in result["peaks"].items() for length, figures in lengths.items()}  # fmt: skip
         at_context = [value for (_, length), value in peaks.items() if length == context]
-        batch = result["batches"][largest]
-        capacity = result["capacity"]
-        rows += [
-            (label + TARGETS[0][0].replace("--context", f"{context:,}"), max(at_context, default=float("nan")),
-             *TARGETS[0][1:]),
-            (label + TARGETS[1][0], max(peaks.values()), *TARGETS[1][1:]),
-            (label + TARGETS[2][0] + f" ({largest})", batch["unmodified"]["decode_ms"] / batch[name]["decode_ms"],
-             *TARGETS[2][1:]),
-            (label + TARGETS[3][0], ratio_or_nan(capacity[name]["batch"], capacity["unmodified"]["batch"]),
-             *TARGETS[3][1:]),
-            (label + TARGETS[4][0], ratio_or_nan(capacity[name].get("tokens_per_second", 0),
-                                                 capacity["unmodified"].get("tokens_per_second", 0)), *TARGETS[4][1:]),
-        ]  # fmt: skip
+        figures = {
+            TARGETS[0][0].replace("--context", f"{context:,}"): max(at_context, default=float("nan")),
+            TARGETS[1][0]: max(peaks.values()),
+            f"{TARGETS[2][0]} ({largest})": timed["unmodified"]["decode_ms"] / timed[name]["decode_ms"],
+            TARGETS[3][0]: ratio_or_nan(capacity[name]["batch"], capacity["unmodified"]["batch"]),
+            TARGETS[4][0]: ratio_or_nan(capacity[name].get("tokens_per_second", 0),
+                                        capacity["unmodified"].get("tokens_per_second", 0)),
+        }  # fmt: skip
+        rows += [(f"{name}: {what}", value, *target[1:]) for (what, value), target in zip(figures.items(), TARGETS,
+                                                                                           strict=True)]  # fmt: skip
     return rows
 
 
@@ -364,11 +381,31 @@ def met(value: float, comparison: str, target: float) -> str:
     return "yes" if holds else "**no**"
 
 
+def weights_bound(result: dict, name: str) -> tuple[float, float] | None:
+    """Decoding speed at batch 1 and --context tokens, and the most it could be if a step's time beyond the shortest
+    length's (the weights and fixed costs) fell with the cache: unmodified time / (shortest + rest x cache ratio)."""
+    lengths, context = result["lengths"], str(result["settings"]["context"])
+    if context not in lengths:
+        return None
+    shortest = min(lengths, key=int)
+    unmodified, fixed = lengths[context]["unmodified"]["decode_ms"], lengths[shortest]["unmodified"]["decode_ms"]
+    cache = lengths[context][name]["cache_bytes"] / lengths[context]["unmodified"]["cache_bytes"]
+    return unmodified / lengths[context][name]["decode_ms"], unmodified / (fixed + (unmodified - fixed) * cache)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def report(result: dict) -> str:
     """results.md: the targets, then the tables they come from, then the machine."""
     names = list(result["models"])
-    hybrids = names[1:]
-    settings = result["settings"]
+    hybrids, settings = names[1:], result["settings"]
+    context = settings["context"]
     lines = [
         f"# Memory and speed, hybridized beside unmodified: {result['model']}", "",
         f"{result['family']}, {result['layers']} layers of {result['heads']} query heads over "
@@ -376,68 +413,74 @@ def report(result: dict) -> str:
         + "; ".join(f"`{result['models'][name]['layout_name']}` ({result['models'][name]['local_groups']} of "
                     f"{result['groups']} key/value groups local)" for name in hybrids)
         + (f", ranked by {result['scores']}" if result["scores"] else ", drawn at random (seed 0)") + ".", "",
-        "| target | hybridized / unmodified | target | met |", "|---|---|---|---|",
     ]  # fmt: skip
-    for what, value, comparison, target in target_rows(result):
-        lines.append(f"| {what} | {value:.2f}x | {comparison} {target:.1f}x | {met(value, comparison, target)} |")
-    header = " | ".join(f"{name} | / unmodified" for name in hybrids)
-    for dtype, by_length in result["lengths"].items():
-        lines += ["", f"Peak resident memory above the loaded model (MiB), one prefill and {settings['steps']} steps, "
-                  f"batch 1, {dtype}; prefill seconds beside it:", "",
-                  f"| tokens | unmodified | {header} | prefill s, unmodified | "
-                  + " | ".join(f"prefill s, {name} | / unmodified" for name in hybrids) + " |",
-                  "|---" * (3 + 4 * len(hybrids)) + "|"]  # fmt: skip
-        for length, figures in by_length.items():
-            unmodified = figures["unmodified"]
-            peaks = " | ".join(
-                f"{mib(figures[name]['peak_bytes'])} | {figures[name]['peak_bytes'] / unmodified['peak_bytes']:.2f}x"
-                for name in hybrids
-            )
-            prefill = " | ".join(f"{spread(figures[name], 'prefill_seconds')} | "
-                                 f"{figures[name]['prefill_seconds'] / unmodified['prefill_seconds']:.2f}x"
-                                 for name in hybrids)  # fmt: skip
-            lines.append(f"| {int(length):,} | {mib(unmodified['peak_bytes'])} | {peaks} | "
-                         f"{spread(unmodified, 'prefill_seconds')} | {prefill} |")  # fmt: skip
-    lines += ["", f"Decoding at {settings['context']:,} tokens of context, float32: ms per step (all rows at once), "
-              "and unmodified / hybridized (> 1: faster):", "",
-              "| batch | unmodified ms | " + " | ".join(f"{name} ms | speed" for name in hybrids)
-              + " | unmodified tokens/s | " + " | ".join(f"{name} tokens/s" for name in hybrids) + " |",
-              "|---" * (3 + 3 * len(hybrids)) + "|"]  # fmt: skip
+    lines += table(["target", "hybridized / unmodified", "target", "met"],
+                   [[what, f"{value:.2f}x", f"{comparison} {target:.1f}x", met(value, comparison, target)]
+                    for what, value, comparison, target in target_rows(result)])  # fmt: skip
+    for name in hybrids:
+        if bound := weights_bound(result, name):
+            lines += ["", f"{name} at batch 1 and {context:,} tokens decodes at {bound[0]:.2f}x the unmodified "
+                      f"model's speed, where {bound[1]:.2f}x is the most a step could gain if all but its time at "
+                      f"{int(min(result['lengths'], key=int)):,} tokens (the weights, fixed costs) fell as the cache "
+                      "does."]  # fmt: skip
+    ratio_header = [cell for name in hybrids for cell in (name, "/ unmodified")]
+    for dtype, by_length in result["peaks"].items():
+        rows = [[f"{int(length):,}", mib(figures["unmodified"]["peak_bytes"]),
+                 *(cell for name in hybrids for cell in (
+                     mib(figures[name]["peak_bytes"]),
+                     f"{figures[name]['peak_bytes'] / figures['unmodified']['peak_bytes']:.2f}x"))]
+                for length, figures in by_length.items()]  # fmt: skip
+        lines += ["", f"Peak resident memory above the loaded model (MiB), {dtype}, batch 1: one prefill and "
+                  f"{settings['steps']} steps:", "", *table(["tokens", "unmodified", *ratio_header], rows)]  # fmt: skip
+    for key, what, digits in (("prefill_seconds", "prefill seconds", 2), ("decode_ms", "ms per decoding step", 1)):
+        rows = [[f"{int(length):,}", spread(figures["unmodified"], key, digits=digits),
+                 *(cell for name in hybrids for cell in (
+                     spread(figures[name], key, digits=digits),
+                     f"{figures[name][key] / figures['unmodified'][key]:.2f}x"))]
+                for length, figures in result["lengths"].items()]  # fmt: skip
+        lines += ["", f"Batch 1, float32: {what} (median, range over {settings['repeats']} runs):", "",
+                  *table(["tokens", "unmodified", *ratio_header], rows)]  # fmt: skip
+    rows = []
     for batch, figures in result["batches"].items():
-        unmodified = figures["unmodified"]
-        speeds = " | ".join(
-            f"{spread(figures[name], 'decode_ms', digits=1)} | "
-            f"{unmodified['decode_ms'] / figures[name]['decode_ms']:.2f}x"
-            for name in hybrids
-        )
-        tokens = " | ".join(f"{int(batch) * 1000 / figures[name]['decode_ms']:,.1f}" for name in names)
-        lines.append(f"| {batch} | {spread(unmodified, 'decode_ms', digits=1)} | {speeds} | {tokens} |")
-    lines += ["", f"Capacity: the largest batch whose decoding at {settings['context']:,} tokens peaks within "
-              f"{mib(result['budget_bytes'])} MiB above the loaded model (float32), checked in a process of its own "
-              "with one more row not fitting:", "",
-              "| model | batch | / unmodified | decoding peak MiB | ms per step | tokens/s | / unmodified | probed |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        timed, peaks = figures["timing"], figures["memory"]
+        rows.append([batch, spread(timed["unmodified"], "decode_ms", digits=1),
+                     *(cell for name in hybrids for cell in (
+                         spread(timed[name], "decode_ms", digits=1),
+                         f"{timed['unmodified']['decode_ms'] / timed[name]['decode_ms']:.2f}x")),
+                     *(f"{int(batch) * 1000 / timed[name]['decode_ms']:,.1f}" for name in names),
+                     *(mib(peaks[name]["decode_peak_bytes"]) for name in names)])  # fmt: skip
+    lines += ["", f"Decoding at {context:,} tokens of context, float32: ms per step for the whole batch, speed "
+              "(unmodified ms / hybridized ms: > 1 is faster), tokens per second, and the peak while decoding "
+              "(MiB: the cache and a step's working memory):", "",
+              *table(["batch", "unmodified ms", *(c for name in hybrids for c in (f"{name} ms", "speed")),
+                      *(f"{name} tokens/s" for name in names), *(f"{name} MiB" for name in names)], rows)]  # fmt: skip
+    rows = []
     reference = result["capacity"]["unmodified"]
     for name in names:
         at = result["capacity"][name]
-        probed = ", ".join(f"{size}: {mib(run['decode_peak_bytes'])} MiB" for size, run in at["probed"].items())
+        probed = ", ".join(f"{size}: {mib(run['decode_peak_bytes'])}" for size, run in at["probed"].items())
         if not at["batch"]:
-            lines.append(f"| {name} | 0 | - | - | - | - | - | {probed} |")
+            rows.append([name, "0", "-", "-", "-", "-", "-", probed])
             continue
-        lines.append(
-            f"| {name} | {at['batch']} | {ratio_or_nan(at['batch'], reference['batch']):.2f}x | "
-            f"{mib(at['decode_peak_bytes'])} | {at['decode_ms']:,.1f} | {at['tokens_per_second']:,.1f} | "
-            f"{ratio_or_nan(at['tokens_per_second'], reference.get('tokens_per_second', 0)):.2f}x | {probed} |"
-        )
+        rows.append([name, str(at["batch"]), f"{ratio_or_nan(at['batch'], reference['batch']):.2f}x",
+                     mib(at["decode_peak_bytes"]), spread(at["timing"], "decode_ms", digits=1),
+                     f"{at['tokens_per_second']:,.1f}",
+                     f"{ratio_or_nan(at['tokens_per_second'], reference.get('tokens_per_second', 0)):.2f}x",
+                     probed])  # fmt: skip
+    lines += ["", f"Capacity: the largest batch whose decoding at {context:,} tokens peaks within "
+              f"{mib(result['budget_bytes'])} MiB above the loaded model (float32), one more row checked not to fit "
+              "(each batch probed, with its peak in MiB):", "",
+              *table(["model", "batch", "/ unmodified", "decoding peak MiB", "ms per step", "tokens/s",
+                      "/ unmodified", "probed"], rows)]  # fmt: skip
     before, after = result["machine"]["before"], result["machine"]["after"]
+    changed = result["code"]["uncommitted"]
     lines += [
         "", f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {settings['threads']} thread(s) per "
-        f"process, {settings['repeats']} run(s) of each measurement (median, range in brackets), "
+        f"process, timings {settings['repeats']} run(s) each (median, range in brackets), memory in processes with "
         f"MALLOC_MMAP_THRESHOLD_={result['malloc_mmap_threshold']}, {result['machine']['torch']}, transformers "
         f"{result['versions']['transformers']}, at commit {result['code']['commit']}"
-        + (f" with uncommitted changes to {', '.join(line[3:] for line in result['code']['uncommitted'])}"
-           if result["code"]["uncommitted"] else "") + f". `uptime` before: `{before['uptime']}`; after: "
-        f"`{after['uptime']}`.",
+        + (f" with uncommitted changes to {', '.join(line[3:] for line in changed)}" if changed else "")
+        + f". `uptime` before: `{before['uptime']}`; after: `{after['uptime']}`.",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 

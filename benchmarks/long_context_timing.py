@@ -4,18 +4,18 @@ in a fresh process, so that its peak memory is its own and no allocator state or
 A process loads the model saved in a folder (hybridizing it when given a layout), prefills a random prompt to
 `timing_context` tokens minus `decode_steps` and times `decode_steps` greedy steps on the cache (median ms, the first
 `WARM_UP_STEPS` left out); its peak resident memory above the loaded model is Linux's VmHWM, reset after loading (the
-prefill's activations as well as the cache); then it times one prefill of `prefill_context` tokens. This module
-imports little, since every process imports it.
+prefill's activations as well as the cache, with glibc's default allocator, whose history makes it vary by up to
+40% between processes: `benchmarks.hybrid_speed` measures exact peaks); then it times one prefill of
+`prefill_context` tokens. This module imports little, since every process imports it.
 """
 
 import functools
-import multiprocessing
 import statistics
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.common import in_fresh_process as fresh_process
 from benchmarks.common import median, peak_rss_bytes, rss_bytes, timed
 from benchmarks.generation import Decoder
 from hf_attn import hybridize
@@ -53,9 +53,7 @@ def measure_speed(spec: dict) -> dict:
 
 
 def in_fresh_process(spec: dict) -> dict:
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
-        return pool.submit(measure_speed, spec).result()
+    return fresh_process(measure_speed, spec, exact_memory=False)
 
 
 def timing_pair(spec: dict, unmodified_first: bool) -> dict:

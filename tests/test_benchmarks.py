@@ -521,20 +521,21 @@ def test_hybrid_speed_benchmark_measures_every_model_and_rewrites_its_report(tmp
     from benchmarks import hybrid_speed
 
     monkeypatch.setattr(hybrid_speed, "in_fresh_process", hybrid_speed.measure)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", hybrid_speed.MALLOC_MMAP_THRESHOLD)  # restored afterwards
     folder = tmp_path / "out"
     hybrid_speed.main(["--quick", "--output-dir", str(folder)])
     result = json.loads((folder / "results.json").read_text())
     assert list(result["models"]) == ["unmodified", "k16"] and result["models"]["k16"]["local_groups"] == 2
-    assert set(result["lengths"]) == {"float32", "bfloat16"} and list(result["batches"]) == ["1", "4"]
-    for figures in [*result["lengths"]["float32"].values(), *result["lengths"]["bfloat16"].values()]:
+    assert set(result["peaks"]) == {"float32", "bfloat16"} and list(result["batches"]) == ["1", "4"]
+    for figures in [*result["peaks"]["float32"].values(), *result["peaks"]["bfloat16"].values()]:
         assert figures["k16"]["cache_bytes"] < figures["unmodified"]["cache_bytes"]
-        assert all(figures[name]["peak_bytes"] > 0 and figures[name]["prefill_seconds"] > 0 for name in figures)
-    batches = result["batches"]
-    assert batches["4"]["unmodified"]["cache_bytes"] == 4 * batches["1"]["unmodified"]["cache_bytes"]
+        assert all(figures[name]["peak_bytes"] > 0 for name in figures)
+    assert all(figures[name]["prefill_seconds"] > 0 for figures in result["lengths"].values() for name in figures)
+    one, four = (result["batches"][batch]["memory"]["unmodified"]["cache_bytes"] for batch in ("1", "4"))
+    assert four == 4 * one
     for name, at in result["capacity"].items():
         assert at["batch"] >= 1 and at["decode_peak_bytes"] <= result["budget_bytes"], name
         assert at["probed"][str(at["batch"] + 1)]["decode_peak_bytes"] > result["budget_bytes"], name
+        assert at["tokens_per_second"] == pytest.approx(at["batch"] * 1000 / at["timing"]["decode_ms"])
     written = (folder / "results.md").read_bytes()
     assert b"| k16: sequences decoded within the budget | " in written and b"| >= 1.8x |" in written
     (folder / "results.md").unlink()
@@ -552,11 +553,23 @@ def test_capacity_search_finds_the_largest_batch_that_fits(budget, expected, mon
 
     def fake(spec: dict) -> dict:
         probed.append(spec["batch"])
-        return {"decode_peak_bytes": 100 + 10 * spec["batch"], "decode_ms": 1.0}
+        assert spec["exact_memory"]
+        return {"decode_peak_bytes": 100 + 10 * spec["batch"]}
 
     monkeypatch.setattr(hybrid_speed, "in_fresh_process", fake)
     batches = {1: {"decode_peak_bytes": 150}, 4: {"decode_peak_bytes": 160}}
     found = hybrid_speed.capacity({}, batches, budget, context=8)
     assert found["batch"] == expected and len(probed) == len(set(probed)) <= 30
     if expected:
-        assert found["tokens_per_second"] == expected * 1000 and str(expected + 1) in found["probed"]
+        assert found["decode_peak_bytes"] == 100 + 10 * expected and str(expected + 1) in found["probed"]
+
+
+def test_a_fresh_process_for_memory_maps_large_allocations_on_their_own_and_one_for_timing_does_not(monkeypatch):
+    """The spawned process sees MALLOC_MMAP_THRESHOLD_ (glibc reads it at start) only when measuring memory; this
+    process's environment is left as it was."""
+    from benchmarks.common import MALLOC_MMAP_THRESHOLD, in_fresh_process
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "999")
+    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", exact_memory=True) == MALLOC_MMAP_THRESHOLD
+    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", exact_memory=False) is None
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999"
