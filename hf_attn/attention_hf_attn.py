@@ -290,16 +290,18 @@ def local_attention_by_chunks(
         sink_index, sink_real = first_keys(real, visibility.sink_tokens, num_keys, device)
         sink_keys, sink_values = (gather_keys(x, sink_index) for x in (k, v))
     key_spans, value_spans = (chunk_spans(x, query_start, chunk, left, right) for x in (k, v))
-    outputs = []
+    outputs, bands = [], {}
     for c, queries in enumerate(q.split(chunk, dim=2)):
         lo = query_start + c * chunk  # key index of the chunk's first query
-        q_idx = torch.arange(lo, lo + queries.shape[-2], device=device)[:, None]  # (C, 1)
         start, keys, values = key_spans[c][0], key_spans[c][1], value_spans[c][1]
-        kv_idx = torch.arange(start, start + keys.shape[-2], device=device)[None, :]
-        mask = in_window(q_idx, kv_idx)[None, None]  # (1, 1, C, span)
+        shape = (lo - start, queries.shape[-2], keys.shape[-2])  # where the queries sit among the keys
+        if shape not in bands:  # the window depends on distances alone: chunks alike share one band
+            bands[shape] = window_band(in_window, *shape, device)
+        mask = bands[shape]  # (1, 1, C, span)
         if real is not None:
             mask = mask & real[..., start : start + keys.shape[-2]]
         if visibility.sink_tokens:  # seen where the query may see them and its window does not hold them
+            q_idx = torch.arange(lo, lo + queries.shape[-2], device=device)[:, None]  # (C, 1)
             seen = visibility.unwindowed.predicate(q_idx, sink_index) & ~window_overlay(window)(q_idx, sink_index)
             seen = seen & sink_real  # (B|1, 1, C, s)
             rows = max(seen.shape[0], mask.shape[0])
@@ -307,6 +309,15 @@ def local_attention_by_chunks(
             keys, values = torch.cat([sink_keys, keys], dim=-2), torch.cat([sink_values, values], dim=-2)
         outputs.append(masked_sdpa(queries, keys, values, mask, scale, dropout, enable_gqa=k.shape[1] != heads))
     return torch.cat(outputs, dim=2)
+
+
+def window_band(in_window, first_query: int, num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, C, span) bool: which of `num_keys` keys in a row each of `num_queries` queries (the first at key
+    `first_query`) sees through its window. Counted in relative indices of the smallest integer type that holds them,
+    so that the differences the predicate takes stay small."""
+    small = torch.int16 if first_query + num_queries + num_keys < 2**15 else torch.int32
+    q_idx = torch.arange(first_query, first_query + num_queries, dtype=small, device=device)[:, None]
+    return in_window(q_idx, torch.arange(num_keys, dtype=small, device=device)[None, :])[None, None]
 
 
 def chunk_spans(x: torch.Tensor, query_start: int, chunk: int, left: int, right: int) -> list[tuple[int, torch.Tensor]]:
