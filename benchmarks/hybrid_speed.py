@@ -356,7 +356,7 @@ def target_rows(result: dict) -> list[tuple[str, float, str, float]]:
     timed, capacity = result["batches"][largest]["timing"], result["capacity"]
     rows = []
     for name in list(result["models"])[1:]:
-        peaks = {(dtype, int(length)): figures[name]["peak_bytes"] / figures["unmodified"]["peak_bytes"]
+        peaks = {(dtype, int(length)): ratio_or_nan(figures[name]["peak_bytes"], figures["unmodified"]["peak_bytes"])
                  for dtype, lengths in result["peaks"].items() for length, figures in lengths.items()}  # fmt: skip
         at_context = [value for (_, length), value in peaks.items() if length == context]
         figures = {
@@ -373,6 +373,7 @@ def target_rows(result: dict) -> list[tuple[str, float, str, float]]:
 
 
 def ratio_or_nan(value: float, reference: float) -> float:
+    """value / reference, NaN where nothing was measured to divide by (a peak of 0 bytes in a tiny run)."""
     return value / reference if reference else float("nan")
 
 
@@ -389,7 +390,7 @@ def weights_bound(result: dict, name: str) -> tuple[float, float] | None:
         return None
     shortest = min(lengths, key=int)
     unmodified, fixed = lengths[context]["unmodified"]["decode_ms"], lengths[shortest]["unmodified"]["decode_ms"]
-    cache = lengths[context][name]["cache_bytes"] / lengths[context]["unmodified"]["cache_bytes"]
+    cache = ratio_or_nan(lengths[context][name]["cache_bytes"], lengths[context]["unmodified"]["cache_bytes"])
     return unmodified / lengths[context][name]["decode_ms"], unmodified / (fixed + (unmodified - fixed) * cache)
 
 
@@ -428,7 +429,7 @@ def report(result: dict) -> str:
         rows = [[f"{int(length):,}", mib(figures["unmodified"]["peak_bytes"]),
                  *(cell for name in hybrids for cell in (
                      mib(figures[name]["peak_bytes"]),
-                     f"{figures[name]['peak_bytes'] / figures['unmodified']['peak_bytes']:.2f}x"))]
+                     f"{ratio_or_nan(figures[name]['peak_bytes'], figures['unmodified']['peak_bytes']):.2f}x"))]
                 for length, figures in by_length.items()]  # fmt: skip
         lines += ["", f"Peak resident memory above the loaded model (MiB), {dtype}, batch 1: one prefill and "
                   f"{settings['steps']} steps:", "", *table(["tokens", "unmodified", *ratio_header], rows)]  # fmt: skip
