@@ -369,6 +369,13 @@ def target_rows(result: dict) -> list[tuple[str, float, str, float]]:
         }  # fmt: skip
         rows += [(f"{name}: {what}", value, *target[1:]) for (what, value), target in zip(figures.items(), TARGETS,
                                                                                            strict=True)]  # fmt: skip
+        # The same peaks as a user's process has them, with glibc's default allocator (the timing processes').
+        resident = {int(length): ratio_or_nan(figures[name]["peak_bytes"], figures["unmodified"]["peak_bytes"])
+                    for length, figures in result["lengths"].items()}  # fmt: skip
+        rows += [(f"{name}: {TARGETS[0][0].replace('--context', f'{context:,}')}, default allocator (float32)",
+                  resident.get(context, float("nan")), *TARGETS[0][1:]),
+                 (f"{name}: {TARGETS[1][0]}, default allocator (float32)", max(resident.values()),
+                  *TARGETS[1][1:])]  # fmt: skip
     return rows
 
 
@@ -433,11 +440,14 @@ def report(result: dict) -> str:
                 for length, figures in by_length.items()]  # fmt: skip
         lines += ["", f"Peak resident memory above the loaded model (MiB), {dtype}, batch 1: one prefill and "
                   f"{settings['steps']} steps:", "", *table(["tokens", "unmodified", *ratio_header], rows)]  # fmt: skip
-    for key, what, digits in (("prefill_seconds", "prefill seconds", 2), ("decode_ms", "ms per decoding step", 1)):
-        rows = [[f"{int(length):,}", spread(figures["unmodified"], key, digits=digits),
+    measures = (("prefill_seconds", "prefill seconds", 2, 1), ("decode_ms", "ms per decoding step", 1, 1),
+                ("peak_bytes", "peak resident memory above the loaded model (MiB) with glibc's default allocator, "
+                 "as a user's process has it", 0, 2**-20))  # fmt: skip
+    for key, what, digits, scale in measures:
+        rows = [[f"{int(length):,}", spread(figures["unmodified"], key, scale, digits),
                  *(cell for name in hybrids for cell in (
-                     spread(figures[name], key, digits=digits),
-                     f"{figures[name][key] / figures['unmodified'][key]:.2f}x"))]
+                     spread(figures[name], key, scale, digits),
+                     f"{ratio_or_nan(figures[name][key], figures['unmodified'][key]):.2f}x"))]
                 for length, figures in result["lengths"].items()]  # fmt: skip
         lines += ["", f"Batch 1, float32: {what} (median, range over {settings['repeats']} runs):", "",
                   *table(["tokens", "unmodified", *ratio_header], rows)]  # fmt: skip
