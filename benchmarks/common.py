@@ -6,9 +6,11 @@ kernel for the T x T math path, which would flatter us against GPT-2.
 """
 
 import argparse
+import json
 import multiprocessing
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -238,6 +240,23 @@ def in_fresh_process(function: Callable[[dict], dict], spec: dict, exact_memory:
             os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
         else:
             os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
+
+
+def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
+    """With --report the stored results.json, else `measure(args, argv)`'s, written there (and OUTPUT_DIR/runs/, where
+    a resumable benchmark keeps each model's record until then, removed); results.md from it (`describe`), printed.
+    A one-run benchmark's `main`."""
+    folder = Path(args.output_dir)
+    if args.report:
+        result = json.loads((folder / "results.json").read_text())
+    else:
+        result = measure(args, argv)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        shutil.rmtree(folder / "runs", ignore_errors=True)
+    (folder / "results.md").write_text(text := describe(result))
+    print(text)
+    return result
 
 
 def command_line_parser(module: str, description: str | None) -> argparse.ArgumentParser:

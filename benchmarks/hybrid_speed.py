@@ -35,7 +35,6 @@ OUTPUT_DIR/{results.json, results.md}.
 """
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -50,6 +49,7 @@ from benchmarks.common import (
     command_line_parser,
     describe_machine,
     machine_load,
+    measured_or_stored,
     peak_rss_bytes,
     rss_bytes,
 )
@@ -496,22 +496,9 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measured_or_stored(args, argv: list[str]) -> dict:
-    folder = Path(args.output_dir)
-    if args.report:
-        result = json.loads((folder / "results.json").read_text())
-    else:
-        result = run(args, argv)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (folder / "results.md").write_text(text := report(result))
-    print(text)
-    return result
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    measured_or_stored(parse_args(argv), argv)
+    measured_or_stored(parse_args(argv), argv, run, report)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ it lacks (each model's ratios then span two processes; the report says which wer
 import json
 import random
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,13 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from benchmarks.common import command_line_parser, data_dir_problems, describe_machine, machine_load
+from benchmarks.common import (
+    command_line_parser,
+    data_dir_problems,
+    describe_machine,
+    machine_load,
+    measured_or_stored,
+)
 from benchmarks.long_context_configs import SCORE_NAMES, Config, layout_for
 from hf_attn import hybridize
 from hf_attn.data.wikitext import load_wikitext, tokenize_text
@@ -444,22 +449,6 @@ def report(result: dict) -> str:
     ]  # fmt: skip
     lines += machine_lines(result, names)
     return "\n".join(lines) + "\n"
-
-
-def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
-    """With --report the stored results.json, else `measure(args, argv)`'s, written there (and each model's record
-    kept for resuming removed); results.md from it (`describe`), printed. The serving benchmarks' `main`."""
-    folder = Path(args.output_dir)
-    if args.report:
-        result = json.loads((folder / "results.json").read_text())
-    else:
-        result = measure(args, argv)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        shutil.rmtree(folder / "runs", ignore_errors=True)
-    (folder / "results.md").write_text(text := describe(result))
-    print(text)
-    return result
 
 
 def main(argv: list[str] | None = None) -> None:

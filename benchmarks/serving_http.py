@@ -55,7 +55,7 @@ import uvicorn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from benchmarks.common import command_line_parser, describe_machine, machine_load
+from benchmarks.common import command_line_parser, describe_machine, machine_load, measured_or_stored
 from benchmarks.long_context_configs import SCORE_NAMES
 from benchmarks.serving import (
     LONGEST_HELD,
@@ -66,7 +66,6 @@ from benchmarks.serving import (
     code_version,
     head_layout,
     local_groups,
-    measured_or_stored,
     percentile,
     prompts,
     ratio,
