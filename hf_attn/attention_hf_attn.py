@@ -13,7 +13,7 @@ never NaN.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -141,9 +141,9 @@ def local_attention(
     q, k, v, visibility: Visibility, key_mask: torch.Tensor | None, scale: float, dropout: float = 0.0
 ) -> torch.Tensor:
     """(B, H, T, D) content attention over the k nearest keys (and the first s), in O(T * (k + s)): one pass per
-    key offset for a few offsets without sinks, else chunks of queries (one small mask for a few queries). A whole 4D
-    mask goes to SDPA. Fewer
-    key/value heads than query heads (grouped-query attention) are read in place by SDPA, never copied per head."""
+    key offset for a few offsets without sinks, else chunks of queries (one small mask for a few queries). A whole
+    4D mask goes to SDPA. Fewer key/value heads than query heads (grouped-query attention) are read in place by
+    SDPA, never copied per head."""
     grouped = k.shape[1] != q.shape[1]
     if key_mask is not None and key_mask.dim() == 4:
         return masked_sdpa(q, k, v, key_mask, scale, dropout, enable_gqa=grouped)
@@ -289,11 +289,10 @@ def local_attention_by_chunks(
     if visibility.sink_tokens:
         sink_index, sink_real = first_keys(real, visibility.sink_tokens, num_keys, device)
         sink_keys, sink_values = (gather_keys(x, sink_index) for x in (k, v))
-    key_spans, value_spans = (chunk_spans(x, query_start, chunk, left, right) for x in (k, v))
+    spans = zip(q.split(chunk, dim=2), *(chunk_spans(x, query_start, chunk, left, right) for x in (k, v)), strict=True)
     outputs, bands = [], {}
-    for c, queries in enumerate(q.split(chunk, dim=2)):
+    for c, (queries, (start, keys), (_, values)) in enumerate(spans):
         lo = query_start + c * chunk  # key index of the chunk's first query
-        start, keys, values = key_spans[c][0], key_spans[c][1], value_spans[c][1]
         shape = (lo - start, queries.shape[-2], keys.shape[-2])  # where the queries sit among the keys
         if shape not in bands:  # the window depends on distances alone: chunks alike share one band
             bands[shape] = window_band(in_window, *shape, device)
@@ -320,19 +319,20 @@ def window_band(in_window, first_query: int, num_queries: int, num_keys: int, de
     return in_window(q_idx, torch.arange(num_keys, dtype=small, device=device)[None, :])[None, None]
 
 
-def chunk_spans(x: torch.Tensor, query_start: int, chunk: int, left: int, right: int) -> list[tuple[int, torch.Tensor]]:
-    """Per chunk of queries, the first key index and the keys (or values) of `x` (B, H, S, D) it can reach: up to
-    `left` before the chunk, the chunk's own, up to `right` after it (each <= `chunk`). Pieces of one split of `x`:
-    a slice of the whole `x` per chunk would cost autograd a whole-size gradient per chunk."""
+def chunk_spans(
+    x: torch.Tensor, query_start: int, chunk: int, left: int, right: int
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Per chunk of queries, in turn, the first key index and the keys (or values) of `x` (B, H, S, D) it can reach:
+    up to `left` before the chunk, the chunk's own, up to `right` after it (each <= `chunk`). Pieces of one split of
+    `x` (a slice of the whole `x` per chunk would cost autograd a whole-size gradient per chunk), joined one chunk at
+    a time (all at once they would copy the keys twice over)."""
     earlier, own = x[:, :, :query_start], x[:, :, query_start:].split(chunk, dim=2)
-    spans = []
     for c, part in enumerate(own):
         before = own[c - 1] if c else earlier
         before = before[:, :, before.shape[-2] - min(left, before.shape[-2]) :]
         after = own[c + 1][:, :, :right] if c + 1 < len(own) else part[:, :, :0]
         start = query_start + c * chunk - before.shape[-2]
-        spans.append((start, torch.cat([before, part, after], dim=2) if before.shape[-2] or after.shape[-2] else part))
-    return spans
+        yield start, torch.cat([before, part, after], dim=2) if before.shape[-2] or after.shape[-2] else part
 
 
 def first_keys(real: torch.Tensor | None, count: int, num_keys: int, device: torch.device):
