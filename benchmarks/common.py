@@ -6,6 +6,7 @@ kernel for the T x T math path, which would flatter us against GPT-2.
 """
 
 import argparse
+import ctypes
 import json
 import multiprocessing
 import os
@@ -224,22 +225,58 @@ def peak_rss_bytes() -> int:
 MALLOC_MMAP_THRESHOLD = "131072"
 
 
-def in_fresh_process(function: Callable[[dict], dict], spec: dict, exact_memory: bool) -> dict:
-    """`function(spec)` in a fresh spawned process; with `exact_memory`, under `MALLOC_MMAP_THRESHOLD`, so that its
-    peak memory is what its tensors needed (its timings are then not representative)."""
-    previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    if exact_memory:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = MALLOC_MMAP_THRESHOLD  # the spawned process inherits the environment
-    else:
-        os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+# What a process's memory allocator is set by: glibc's tunables and a library preloaded in its place.
+ALLOCATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")
+DEFAULT_ALLOCATOR: dict[str, str] = {}  # glibc's, as a user's process has it
+EXACT_MEMORY = {"MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP_THRESHOLD}
+# Allocators a user can preload (LD_PRELOAD=NAME: the library of that name in the system's library path).
+PRELOADED_ALLOCATORS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+
+
+def in_fresh_process(function: Callable[[dict], dict], spec: dict, allocator: dict[str, str]) -> dict:
+    """`function(spec)` in a fresh spawned process started with `allocator`'s variables and no other of
+    ALLOCATOR_VARIABLES: `DEFAULT_ALLOCATOR`, or `EXACT_MEMORY`, under which its peak memory is what its tensors needed
+    (its timings are then not representative)."""
+    previous = {name: os.environ.pop(name, None) for name in ALLOCATOR_VARIABLES}
+    os.environ.update(allocator)  # the spawned process inherits the environment
     try:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
             return pool.submit(function, spec).result()
     finally:
-        if previous is None:
-            os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
-        else:
-            os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
+        for name, value in previous.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def preloaded_library() -> str | None:
+    """The file of the library this process preloads from LD_PRELOAD, if one was found and mapped (the loader only
+    warns about one it cannot find, and the process runs on glibc's allocator)."""
+    names = [Path(name).name for name in os.environ.get("LD_PRELOAD", "").split()]
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if len(line.split()) > 5}
+    # A library's name may be a link to a file of a longer version: libtcmalloc_minimal.so.4 -> ...so.4.5.10.
+    return next((path for path in sorted(mapped) for name in names
+                 if Path(path).name == name or Path(path).name.startswith(name + ".")), None)  # fmt: skip
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def glibc_heap() -> dict[str, int] | None:
+    """glibc's main heap now (`mallinfo2`): its size, the bytes in use in it and the bytes mapped apart from it
+    (allocations above the mmap threshold); None where glibc's allocator is not the one in use."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    if info.arena == 0:  # another allocator serves malloc: glibc's heap was never grown
+        return None
+    return {"heap_bytes": info.arena, "heap_in_use_bytes": info.uordblks, "mapped_bytes": info.hblkhd}
 
 
 def measured_or_stored(args, argv: list[str], measure, describe) -> dict:

@@ -45,12 +45,16 @@ import torch
 import transformers
 
 from benchmarks.common import (
+    DEFAULT_ALLOCATOR,
+    EXACT_MEMORY,
     MALLOC_MMAP_THRESHOLD,
     command_line_parser,
     describe_machine,
+    glibc_heap,
     machine_load,
     measured_or_stored,
     peak_rss_bytes,
+    preloaded_library,
     rss_bytes,
 )
 from benchmarks.common import in_fresh_process as fresh_process
@@ -87,8 +91,8 @@ TARGETS = (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = command_line_parser("benchmarks.hybrid_speed", __doc__)
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The models compared and how each process runs: shared with `benchmarks.allocators`."""
     add = parser.add_argument
     add("--model", type=source_argument, default="smollm2-135m-instruct", help="Hub id, folder, .gguf file or "
         "hf_attn.pretrained short name (not with --quick)")  # fmt: skip
@@ -100,26 +104,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--sink-tokens", type=int, default=4, help="first tokens local heads also see")
     add("--local-windows", type=int, nargs="+", help=f"k of each hybridized model (default "
         f"{SIZES['local_windows'][0]})")  # fmt: skip
+    add("--steps", type=int, default=6, help=f"greedy steps decoded per process (the first {WARM_UP_STEPS} warm up)")
+    add("--threads", type=int, default=1, help="torch threads in each process")
+    add("--quick", action="store_true", help="a tiny random Llama at tiny sizes: the plumbing, not the targets")
+    add("--report", action="store_true", help="measure nothing: results.md from OUTPUT_DIR/results.json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = command_line_parser("benchmarks.hybrid_speed", __doc__)
+    add_model_arguments(parser)
+    add = parser.add_argument
     add("--lengths", type=int, nargs="+", help=f"tokens of each peak-memory run (default {SIZES['lengths'][0]})")
     add("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes of the peak-memory runs (default both)")
     add("--context", type=int, help=f"tokens of context while decoding batches (default {SIZES['context'][0]})")
     add("--batches", type=int, nargs="+", help=f"batch sizes decoded at --context (default {SIZES['batches'][0]})")
     add("--budget-mib", type=int, help=f"memory above the loaded model for the capacity search (default "
         f"{SIZES['budget_mib'][0]})")  # fmt: skip
-    add("--steps", type=int, default=6, help=f"greedy steps decoded per process (the first {WARM_UP_STEPS} warm up)")
     add("--repeats", type=int, help="runs of every measurement but the capacity checks (default 2, --quick 1)")
-    add("--threads", type=int, default=1, help="torch threads in each process")
-    add("--quick", action="store_true", help="a tiny random Llama at tiny sizes: the plumbing, not the targets")
-    add("--report", action="store_true", help="measure nothing: results.md from OUTPUT_DIR/results.json")
     add("--output-dir", help=f"default {OUTPUT_DIRS[0]} (--quick: {OUTPUT_DIRS[1]})")
-    args = parser.parse_args(argv)
-    for name, sizes in SIZES.items():
-        if getattr(args, name) is None:
-            setattr(args, name, sizes[args.quick])
-    args.score = args.score or ("random" if args.quick else "gate")
-    args.output_dir = args.output_dir or OUTPUT_DIRS[args.quick]
+    args = finish_arguments(parser.parse_args(argv), SIZES, OUTPUT_DIRS)
     if problems := argument_problems(args):
         parser.error("; ".join(problems))
+    return args
+
+
+def finish_arguments(args: argparse.Namespace, sizes: dict, output_dirs: tuple[str, str]) -> argparse.Namespace:
+    """Each size left out takes the full run's default, or --quick's; the score and output folder likewise."""
+    for name, defaults in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[args.quick])
+    args.score = args.score or ("random" if args.quick else "gate")
+    args.output_dir = args.output_dir or output_dirs[args.quick]
     return args
 
 
@@ -127,16 +142,23 @@ def argument_problems(args) -> list[str]:
     """Every invalid argument at once, each naming the flag and what it allows (none with --report)."""
     if args.report:
         return []
-    minimums = {"sink_tokens": 0, "context": 2, "budget_mib": 1, "repeats": 1, "threads": 1}
-    problems = [problem.replace("_", "-") for problem in below_minimums(args, minimums, prefix="--")]
-    if args.steps <= WARM_UP_STEPS:
-        problems.append(f"--steps must be > {WARM_UP_STEPS} (the warm-up steps), got {args.steps}")
-    for flag, values, minimum in (("--lengths", args.lengths, args.steps + 1), ("--batches", args.batches, 1),
-                                  ("--local-windows", args.local_windows, 1)):  # fmt: skip
+    problems = model_problems(args, minimums={"context": 2, "budget_mib": 1, "repeats": 1})
+    for flag, values, minimum in (("--lengths", args.lengths, args.steps + 1), ("--batches", args.batches, 1)):
         if min(values) < minimum:
             problems.append(f"{flag} must all be >= {minimum}, got {values}")
     if args.context <= args.steps:
         problems.append(f"--context must be > --steps ({args.steps}), got {args.context}")
+    return problems
+
+
+def model_problems(args, minimums: dict[str, int]) -> list[str]:
+    """The problems of `add_model_arguments`' flags, and of the numbers in `minimums` (flag: least value)."""
+    minimums = {"sink_tokens": 0, "threads": 1} | minimums
+    problems = [problem.replace("_", "-") for problem in below_minimums(args, minimums, prefix="--")]
+    if args.steps <= WARM_UP_STEPS:
+        problems.append(f"--steps must be > {WARM_UP_STEPS} (the warm-up steps), got {args.steps}")
+    if min(args.local_windows) < 1:
+        problems.append(f"--local-windows must all be >= 1, got {args.local_windows}")
     if not 0 < args.fraction <= 1:
         problems.append(f"--fraction must be in (0, 1], got {args.fraction}")
     if args.score != "random":
@@ -205,11 +227,12 @@ def measure(spec: dict) -> dict:
         decode_peak = peak_rss_bytes() - loaded
     return {"prefill_seconds": prefill_seconds, "decode_ms": 1000 * statistics.median(steps[WARM_UP_STEPS:]),
             "peak_bytes": max(prefill_peak, decode_peak), "decode_peak_bytes": decode_peak,
-            "cache_bytes": cache_bytes(cache)}  # fmt: skip
+            "cache_bytes": cache_bytes(cache), "glibc_heap": glibc_heap(),
+            "preloaded": preloaded_library()}  # fmt: skip
 
 
 def in_fresh_process(spec: dict) -> dict:
-    return fresh_process(measure, spec, exact_memory=spec["exact_memory"])
+    return fresh_process(measure, spec, spec["allocator"])
 
 
 # --- the three measurements ----------------------------------------------------------------------------------------
@@ -240,12 +263,13 @@ def repeated(specs: dict[str, dict], sizes: dict, repeats: int) -> dict[str, lis
 
 def memory(specs: dict[str, dict], sizes: dict) -> dict[str, dict]:
     """Each model's figures from one process measuring memory (exact, so once is enough; its timings are not kept)."""
-    return {name: runs[0] for name, runs in repeated(specs, sizes | {"exact_memory": True}, 1).items()}
+    return {name: runs[0] for name, runs in repeated(specs, sizes | {"allocator": EXACT_MEMORY}, 1).items()}
 
 
 def timing(specs: dict[str, dict], sizes: dict, repeats: int) -> dict[str, dict]:
     """Each model's timings from `repeats` processes with the default allocator: medians and ranges."""
-    return {name: summary(runs) for name, runs in repeated(specs, sizes | {"exact_memory": False}, repeats).items()}
+    runs = repeated(specs, sizes | {"allocator": DEFAULT_ALLOCATOR}, repeats)
+    return {name: summary(model_runs) for name, model_runs in runs.items()}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -271,7 +295,7 @@ def capacity(spec: dict, batches: dict[int, dict], budget: int, context: int) ->
     def fits(size: int) -> bool:
         if size not in probed:
             probed[size] = in_fresh_process(spec | {"tokens": context, "batch": size, "dtype": "float32",
-                                                    "exact_memory": True})  # fmt: skip
+                                                    "allocator": EXACT_MEMORY})  # fmt: skip
             print(f"capacity probe {size}: {probed[size]}", flush=True)
         return probed[size]["decode_peak_bytes"] <= budget
 
@@ -326,7 +350,6 @@ def run(args, argv: list[str]) -> dict:
         "models": {name: {key: spec.get(key) for key in ("local_window", "layout_name", "local_groups")}
                    for name, spec in specs.items()},
         "groups": model_config.num_hidden_layers * model_config.num_key_value_heads,
-        "scores": None if args.score == "random" else str(score_path(layout_args(args, args.local_windows[0]))),
         "peaks": peaks, "lengths": lengths, "batches": batches, "capacity": capacities, "budget_bytes": budget,
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": sys.version.split()[0]},
@@ -409,6 +432,14 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def ranking(settings: dict, name: str, result: dict) -> str:
+    """How a hybridized model's local groups were chosen: the scores file its window ranked them by, or at random."""
+    if settings["score"] == "random":
+        return "drawn at random (seed 0)"
+    window = result["models"][name]["local_window"]
+    return f"ranked by {score_path(layout_args(argparse.Namespace(**settings), window))}"
+
+
 def report(result: dict) -> str:
     """results.md: the targets, then the tables they come from, then the machine."""
     names = list(result["models"])
@@ -419,8 +450,8 @@ def report(result: dict) -> str:
         f"{result['family']}, {result['layers']} layers of {result['heads']} query heads over "
         f"{result['key_value_heads']} key/value heads. Hybridized: "
         + "; ".join(f"`{result['models'][name]['layout_name']}` ({result['models'][name]['local_groups']} of "
-                    f"{result['groups']} key/value groups local)" for name in hybrids)
-        + (f", ranked by {result['scores']}" if result["scores"] else ", drawn at random (seed 0)") + ".", "",
+                    f"{result['groups']} key/value groups local, {ranking(settings, name, result)})"
+                    for name in hybrids) + ".", "",
     ]  # fmt: skip
     lines += table(["target", "hybridized / unmodified", "target", "met"],
                    [[what, f"{value:.2f}x", f"{comparison} {target:.1f}x", met(value, comparison, target)]

@@ -17,9 +17,10 @@ WikiText-2 validation blocks, never test, and timed. Each configuration gets:
 - KV bytes per token, as a ratio to the unmodified model (sinks add a constant, not bytes per token).
 Speed and memory depend on the layout's shape, not on which groups: per (k, S, share) one layout (random, seed 0) is
 timed beside the unmodified model, each in a fresh process of the model saved once to a scratch folder, the order
-alternating so that the machine's drift falls on both (`benchmarks/long_context_timing.py`): decode ms per token and
-peak memory at `--timing_context` tokens of context, prefill seconds at `--prefill_context`; `--timing_repeats`
-pairs, each ratio their median.
+alternating so that the machine's drift falls on both (`benchmarks/long_context_timing.py`): decode ms per token at
+`--timing_context` tokens of context, prefill seconds at `--prefill_context`; `--timing_repeats` pairs, each ratio
+their median; and the peak memory over that prefill and decoding, exact (one more process per model, in which glibc
+maps every allocation above 128 KiB on its own).
 
 Resumable: each measurement is written to OUTPUT_DIR/NAME/{configs,scores,timing}/*.json as soon as it ends; a rerun
 with the same settings keeps them (one that does not parse, or was measured with other settings, is measured again),
@@ -245,7 +246,7 @@ def time_shapes(model, args, folder: Path) -> dict[str, dict]:
     """Each layout shape (k, S, share) timed beside the unmodified model (`timing_pairs`), with a random layout
     (seed 0). `model` must not be hybridized yet: it is saved, once, for the processes to load, when something is
     left to time."""
-    settings = settings_of(args, TIMING_SETTINGS)
+    settings = settings_of(args, TIMING_SETTINGS) | {"peak_memory": "exact"}  # earlier records: the default allocator's
     timing = {}
     with tempfile.TemporaryDirectory() as scratch:
         shapes = itertools.product(args.local_windows, args.sink_tokens, args.fractions)

@@ -83,13 +83,23 @@ def notes(result: dict) -> str:
         f"{', '.join(f'{d:g}' for d in settings['passkey_depths'])}), greedy, {settings['new_tokens']} new tokens. "
         f"Perplexity: WikiText-2 test, {settings['ppl_blocks']} non-overlapping blocks of {settings['ppl_block_size']}"
         f" tokens. Ranges: min-max over random layouts' seeds. KV bytes per token, peak memory (resident, above the "
-        f"loaded model) and prefill time: ratios to the unmodified model (< 1: less); decode speed: its ms per token "
-        f"over ours (> 1: faster); each shape timed beside the unmodified model in {settings['timing_repeats']} "
-        f"pairs of fresh processes, the median ratio. Scores computed in: {score_times or 'none'}. Measuring took "
-        f"{hours(result['rows'], result['scores'].values())} "
-        f"for the scores, passkeys and perplexity and {hours(result['timing'].values())} for the timing, resumed runs "
+        f"loaded model, {peak_measure(result)}) and prefill time: ratios to the unmodified model (< 1: less); "
+        f"decode speed: its ms per token over ours (> 1: faster); each shape timed beside the unmodified model in "
+        f"{settings['timing_repeats']} pairs of fresh processes, the median ratio. Scores computed in: "
+        f"{score_times or 'none'}. Measuring took {hours(result['rows'], result['scores'].values())} for the scores, "
+        f"passkeys and perplexity and {hours(result['timing'].values())} for the timing, resumed runs "
         f"included{wall_time(result)}."
     )
+
+
+def peak_measure(result: dict) -> str:
+    """How the timing records measured peak memory: exactly (`EXACT_MEMORY`) or with glibc's default allocator,
+    which records from before the exact measure used."""
+    exact = ["exact_peak_memory_bytes" in record for record in result["timing"].values()]
+    if all(exact):
+        return "exact: glibc mapping every allocation above 128 KiB on its own"
+    allocator = "glibc's default allocator, which varies by up to 40% between processes"
+    return allocator if not any(exact) else f"exact for {sum(exact)} of {len(exact)} shapes, else {allocator}"
 
 
 def hours(*records) -> str:

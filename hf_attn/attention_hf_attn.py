@@ -290,7 +290,7 @@ def local_attention_by_chunks(
         sink_index, sink_real = first_keys(real, visibility.sink_tokens, num_keys, device)
         sink_keys, sink_values = (gather_keys(x, sink_index) for x in (k, v))
     spans = zip(q.split(chunk, dim=2), *(chunk_spans(x, query_start, chunk, left, right) for x in (k, v)), strict=True)
-    outputs, bands = [], {}
+    outputs, bands, joined = [], {}, None
     for c, (queries, (start, keys), (_, values)) in enumerate(spans):
         lo = query_start + c * chunk  # key index of the chunk's first query
         shape = (lo - start, queries.shape[-2], keys.shape[-2])  # where the queries sit among the keys
@@ -306,8 +306,15 @@ def local_attention_by_chunks(
             rows = max(seen.shape[0], mask.shape[0])
             mask = torch.cat([seen.expand(rows, -1, -1, -1), mask.expand(rows, -1, -1, -1)], dim=-1)
             keys, values = torch.cat([sink_keys, keys], dim=-2), torch.cat([sink_values, values], dim=-2)
-        outputs.append(masked_sdpa(queries, keys, values, mask, scale, dropout, enable_gqa=k.shape[1] != heads))
-    return torch.cat(outputs, dim=2)
+        out = masked_sdpa(queries, keys, values, mask, scale, dropout, enable_gqa=k.shape[1] != heads)
+        if torch.is_grad_enabled():
+            outputs.append(out)
+            continue
+        # Without autograd each chunk's output goes straight into one tensor: no list of them beside it.
+        if joined is None:
+            joined = out.new_empty(*out.shape[:2], num_queries, out.shape[-1])
+        joined[:, :, c * chunk : c * chunk + out.shape[-2]] = out
+    return torch.cat(outputs, dim=2) if outputs else joined
 
 
 def window_band(in_window, first_query: int, num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

@@ -548,12 +548,13 @@ def test_capacity_search_finds_the_largest_batch_that_fits(budget, expected, mon
     """A decoding peak of 100 + 10 per row, predicted from two batches whose peaks mislead (the first is high): the
     search still ends on the batch that fits with the next one failing, or on none."""
     from benchmarks import hybrid_speed
+    from benchmarks.common import EXACT_MEMORY
 
     probed = []
 
     def fake(spec: dict) -> dict:
         probed.append(spec["batch"])
-        assert spec["exact_memory"]
+        assert spec["allocator"] == EXACT_MEMORY
         return {"decode_peak_bytes": 100 + 10 * spec["batch"]}
 
     monkeypatch.setattr(hybrid_speed, "in_fresh_process", fake)
@@ -564,12 +565,81 @@ def test_capacity_search_finds_the_largest_batch_that_fits(budget, expected, mon
         assert found["decode_peak_bytes"] == 100 + 10 * expected and str(expected + 1) in found["probed"]
 
 
-def test_a_fresh_process_for_memory_maps_large_allocations_on_their_own_and_one_for_timing_does_not(monkeypatch):
-    """The spawned process sees MALLOC_MMAP_THRESHOLD_ (glibc reads it at start) only when measuring memory; this
-    process's environment is left as it was."""
-    from benchmarks.common import MALLOC_MMAP_THRESHOLD, in_fresh_process
+def test_a_fresh_process_starts_with_the_allocator_asked_for_and_no_other(monkeypatch):
+    """The spawned process sees MALLOC_MMAP_THRESHOLD_ (glibc reads it at start) only when measuring memory, and no
+    LD_PRELOAD of this process's unless asked; this process's environment is left as it was."""
+    from benchmarks.common import DEFAULT_ALLOCATOR, EXACT_MEMORY, MALLOC_MMAP_THRESHOLD, in_fresh_process
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "999")
-    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", exact_memory=True) == MALLOC_MMAP_THRESHOLD
-    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", exact_memory=False) is None
-    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999"
+    monkeypatch.setenv("LD_PRELOAD", "libm.so.6")
+    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", EXACT_MEMORY) == MALLOC_MMAP_THRESHOLD
+    assert in_fresh_process(os.getenv, "LD_PRELOAD", EXACT_MEMORY) is None
+    assert in_fresh_process(os.getenv, "MALLOC_MMAP_THRESHOLD_", DEFAULT_ALLOCATOR) is None
+    assert in_fresh_process(os.getenv, "LD_PRELOAD", {"LD_PRELOAD": "libm.so.6"}) == "libm.so.6"
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999" and os.environ["LD_PRELOAD"] == "libm.so.6"
+
+
+def test_a_preloaded_library_counts_only_when_the_process_mapped_it(monkeypatch):
+    """The loader only warns about a library in LD_PRELOAD it cannot find: the check reads what the process mapped."""
+    from benchmarks.common import preloaded_library
+
+    monkeypatch.setenv("LD_PRELOAD", "libm.so.6")  # mapped by Python itself
+    assert Path(preloaded_library()).name == "libm.so.6"
+    monkeypatch.setenv("LD_PRELOAD", "libhf_attn_no_such_allocator.so")
+    assert preloaded_library() is None
+    monkeypatch.delenv("LD_PRELOAD")
+    assert preloaded_library() is None
+
+
+def test_glibc_heap_counts_what_it_maps_apart_from_the_heap():
+    """64 MiB is above glibc's largest mmap threshold (32 MiB): malloc maps it on its own, and mallinfo2 counts it
+    there, not in the heap."""
+    from benchmarks.common import glibc_heap
+
+    before = glibc_heap()
+    assert before is not None and before["heap_bytes"] >= before["heap_in_use_bytes"] > 0
+    block = bytearray(64 * 2**20)
+    after = glibc_heap()
+    assert after["mapped_bytes"] - before["mapped_bytes"] >= len(block)
+    assert abs(after["heap_in_use_bytes"] - before["heap_in_use_bytes"]) < 2**20
+    del block
+
+
+def test_allocators_benchmark_measures_each_model_under_each_allocator_and_rewrites_its_report(tmp_path, monkeypatch):
+    """--quick under glibc's two settings, each measurement in this process rather than a fresh one: both models under
+    both, every figure there, the heap table from glibc's runs; --report rewrites results.md byte for byte."""
+    from benchmarks import allocators, hybrid_speed
+
+    monkeypatch.setattr(allocators, "in_fresh_process", hybrid_speed.measure)
+    folder = tmp_path / "out"
+    allocators.main(["--quick", "--allocators", "glibc", "glibc-mmap-128k", "--output-dir", str(folder)])
+    result = json.loads((folder / "results.json").read_text())
+    assert list(result["allocators"]) == ["glibc", "glibc-mmap-128k"]
+    for models in result["allocators"].values():
+        assert list(models) == ["unmodified", "k16"]
+        assert all(figures["prefill_seconds"] > 0 and figures["peak_bytes"] >= 0 for figures in models.values())
+        assert models["k16"]["cache_bytes"] < models["unmodified"]["cache_bytes"]
+    heap = result["allocators"]["glibc"]["k16"]["runs"][0]["glibc_heap"]
+    assert heap["heap_bytes"] >= heap["heap_in_use_bytes"] > 0
+    written = (folder / "results.md").read_bytes()
+    assert b"| glibc's defaults (a user's process) | " in written
+    assert b"| model | heap | in use | kept free |" in written
+    (folder / "results.md").unlink()
+    allocators.main(["--report", "--output-dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written
+
+
+def test_allocators_benchmark_refuses_an_allocator_that_is_missing_or_was_not_loaded(tmp_path, monkeypatch, capsys):
+    """One not installed is an argument error naming it and what is installed; one whose library a process did not
+    map (the loader only warns) stops the run rather than be reported as measured."""
+    from benchmarks import allocators, hybrid_speed
+
+    monkeypatch.setattr(allocators, "installed_allocators", lambda: dict(allocators.GLIBC))
+    with pytest.raises(SystemExit):
+        allocators.parse_args(["--quick", "--allocators", "tcmalloc"])
+    assert "--allocators tcmalloc: not installed" in capsys.readouterr().err
+    monkeypatch.setattr(allocators, "installed_allocators", lambda: {"jemalloc": {"LD_PRELOAD": "libnone.so"}})
+    monkeypatch.setattr(allocators, "in_fresh_process", hybrid_speed.measure)  # this process preloads nothing
+    with pytest.raises(RuntimeError, match="jemalloc was not loaded"):
+        allocators.main(["--quick", "--allocators", "jemalloc", "--output-dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -182,6 +182,9 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
         assert pair["decode_speed_ratio"] > 0 and pair["unmodified"]["peak_memory_bytes"] > 0
     ratios = [pair["decode_speed_ratio"] for pair in timing["pairs"]]
     assert timing["decode_speed_ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two
+    exact = timing["exact_peak_memory_bytes"]  # from one more process per model, allocations mapped on their own
+    assert exact["unmodified"] > 0 and timing["peak_memory_ratio"] == exact["converted"] / exact["unmodified"]
+    assert "exact: glibc mapping every allocation above 128 KiB" in (folder / "results.md").read_text()
     assert "| 50% | loss | 2 | " in (folder / "results.md").read_text()
     (folder / "configs" / "k4-s2-f0.5-gate.json").unlink()
     with pytest.raises(SystemExit, match="k4-s2-f0.5-gate.json is missing"):

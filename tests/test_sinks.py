@@ -32,8 +32,9 @@ SINKS, WINDOW = 3, 2
 @pytest.mark.parametrize("local_window", [1, 2, 16])
 @pytest.mark.parametrize("is_causal,attend_to_self", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("autograd", [True, False])  # without it, chunks are written into one output as they come
 def test_local_attention_with_sinks_equals_the_naive_reference(num_queries, local_window, is_causal, attend_to_self,
-                                                               padded):  # fmt: skip
+                                                               padded, autograd):  # fmt: skip
     torch.manual_seed(0)
     num_keys = 80  # chunks of 32 queries
     q = torch.randn(2, 6, num_queries, 8)  # 6 query heads over 3 key/value heads (grouped-query attention)
@@ -42,7 +43,8 @@ def test_local_attention_with_sinks_equals_the_naive_reference(num_queries, loca
     if padded:
         key_mask[0, :5] = False  # row 0's sinks are keys 5, 6, 7
     visibility = Visibility(is_causal, attend_to_self, local_window, SINKS)
-    out = local_attention(q, k, v, visibility, key_mask if padded else None, scale=0.3)
+    with torch.set_grad_enabled(autograd):
+        out = local_attention(q, k, v, visibility, key_mask if padded else None, scale=0.3)
     k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     expected, _ = naive_attention(q, k, v, is_causal, attend_to_self, local_window, key_mask if padded else None,
                                   scale=0.3, sink_tokens=SINKS)  # fmt: skip

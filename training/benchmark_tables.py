@@ -1,13 +1,21 @@
 """docs/hybrid.md's, docs/performance.md's and docs/serving.md's generated tables from the committed benchmark results:
 the offline models the hybrid trade-off converts, the trade-off per model and window, the long-context benchmark per
 model (with its CPU check), what converting a pretrained model's heads to positional costs, memory and speed at every
-length and batch, and continuous batching in process and over HTTP."""
+length and batch, under each memory allocator, and continuous batching in process and over HTTP."""
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import hybrid_speed, hybrid_tradeoff, long_context, positional_conversion, serving, serving_http
+from benchmarks import (
+    allocators,
+    hybrid_speed,
+    hybrid_tradeoff,
+    long_context,
+    positional_conversion,
+    serving,
+    serving_http,
+)
 from training.committed_results import (
     DOCS,
     HYBRID_TRADEOFF,
@@ -19,7 +27,8 @@ from training.committed_results import (
 )
 
 # Each one-run benchmark's module, by the name of its generated block.
-ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "hybrid-speed": hybrid_speed}
+ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "hybrid-speed": hybrid_speed,
+                   "allocators": allocators}  # fmt: skip
 
 
 def hybrid_pretraining_text() -> str:

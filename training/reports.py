@@ -151,6 +151,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "serving": lambda: one_run_text("serving"),
     "serving-http": lambda: one_run_text("serving-http"),
     "hybrid-speed": lambda: one_run_text("hybrid-speed"),
+    "allocators": lambda: one_run_text("allocators"),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
     "experiments-index": experiments_index,
