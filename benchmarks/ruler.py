@@ -1,0 +1,671 @@
+"""RULER's synthetic suite (`hf_attn.ruler`: 11 tasks) on a pretrained decoder, unmodified and hybridized by
+`hf_attn.hybridize`, each layout's records kept in RULER's own files.
+
+    python -m benchmarks.ruler generate --lengths 4096 8192 --samples 20 --output-dir OUT   # data/, SmolLM2's tokens
+    python -m benchmarks.ruler run --lengths 4096 8192 --output-dir OUT                     # pred/, then the report
+    python -m benchmarks.ruler report --output-dir OUT                    # results.{json,md} from pred/ alone
+    python -m benchmarks.ruler run --quick     # a tiny random Llama, 2 samples at 1024: data, pred, report in seconds
+
+generate: for each length L (RULER's bucket: prompt and generated tokens within L) and task, `--samples` records of
+`hf_attn.ruler.generate(task, tokenizer, L - max_new_tokens, samples, seed, haystack_dir)`, tokens counted by
+`--tokenizer`'s (default: the model's). The same command again leaves a file alone when its settings and bytes are
+the ones recorded; records do not depend on `--samples` (a record is drawn from (task, length, seed, index)).
+
+run: the model (`--model`, any `hf_attn.pretrained` source; `--dtype` on `--device`) unmodified, then hybridized in
+place to every layout the flags give: each window k (`--local-windows`), sink count S (`--sink-tokens`), share of
+key/value groups made local (`--fractions`) and score (`--scores`), the groups ranked by the score
+`benchmarks.long_context` stored in LAYOUT_DIR/scores/SCORE-kK-sS.json (`random`: drawn, per `--random-seeds`).
+Layouts are named as `benchmarks.long_context` names them (`k64-s4-f0.5-gate`, `k64-s4-f0.5-random-seed0`). For
+each layout, length and task, the first `--samples` records get greedy predictions of the task's `max_new_tokens`
+(RULER's tokens_to_generate) after `input + answer_prefix`; `--prompt-format chat` puts `input` in the user turn of
+the tokenizer's chat template and starts the reply with `answer_prefix`, as RULER's chat templates do (then the
+prompt is the template's tokens longer than the data's `length`, and the bucket L is exceeded by as many: 30 for
+SmolLM2-135M-Instruct, whose template adds a system turn). `plain` is the default, as for `benchmarks.long_context`'s
+passkeys. `--batch-size` prompts of one task and length are padded on the left and generated together. Resumable:
+a task whose prediction file is complete for its settings (model, layout, dtype, device, prompt format, batch size,
+the data file's sha256, samples, --keep-inputs) is skipped; files are written whole (a temporary file renamed), so an
+interrupted task leaves no file or a stale one, and is redone. Then the report.
+
+report: OUT/results.json (per length and layout: each task's score and nulls, the average, the average as a share
+of the unmodified model's, the worst task's drop from it, the KV share) and OUT/results.md (a table per length, the
+project's targets judged per row: at half the cache, the RULER average at least 95% of the unmodified model's and no
+task more than 10 points below it).
+
+Why a command of its own, not lm-evaluation-harness tasks: lm-eval loads each model itself, so each layout would
+have to be a saved checkpoint loaded through `import hf_attn`; here one loaded model is hybridized to every layout
+in turn. The records are RULER's files, so RULER's users (and its scripts/eval/evaluate.py) read them as they are.
+The model is called in one place, `model_answers`; another runner (kvpress's presses, in an environment of its own)
+reads the same data/ files and writes the same pred/ files, which `report` then tables beside these. The files:
+
+- OUT/data/{L}/{task}/validation.jsonl (as RULER's prepare.py writes them): one JSON object per line, `json.dumps`'
+  defaults (ASCII, ", " and ": "), each line ending in a newline; keys in this order: `index` (0, 1, ...), `input`
+  (the prompt before the answer prefix; no chat template), `outputs` (the reference strings), `length` (tokens of
+  `input + answer_prefix` as the data's tokenizer encodes it, special tokens included: at most L - max_new_tokens),
+  `answer_prefix`, `task`, and for the needle tasks `depths` (the percent of the haystack before each needle).
+- OUT/data/generation.json: {"L/task": {"settings": {"tokenizer", "length" (the prompt's bound), "samples",
+  "seed", "haystack_dir"}, "sha256" (of validation.jsonl), "seconds"}}.
+- OUT/pred/{layout}/{L}/{task}.jsonl (as RULER's call_api.py writes them): one JSON object per line (same
+  serialization), one per data record in the data's order, keys in this order: `index`; `pred`, the greedy
+  continuation decoded without special tokens and cut before the first end-of-sequence token (not stripped);
+  `input`, "" unless `--keep-inputs` gives the data's `input` (RULER's evaluate.py reads the key; the data file has
+  the text); `outputs`, the data's; `others`, a dict: `prompt_tokens` (tokens the model read), `new_tokens`
+  (generated before the end-of-sequence token) and the data's `depths` where it has them; `truncation`, -1 (never
+  truncated: RULER's value for that); `length`, the data's.
+- OUT/pred/{layout}/{L}/summary.csv (as RULER's evaluate.py writes it with pandas): a first line of column numbers
+  0,1,...; then `Tasks,<task>,...,average`, `Score,<score>,...,<average>` and `Nulls,<n>/<count>,...,<n>/<count>`:
+  tasks in RULER's order, those with a prediction file; a score is `string_match_all` (`hf_attn.ruler.score`, 0-100,
+  2 decimals) written as Python writes a float (100.0); the average is the tasks' mean, 2 decimals; a null is a
+  prediction empty after RULER's postprocessing (stripped, control characters made newlines, stripped).
+- OUT/pred/{layout}/layout.json: `name`, `kv_share` (KV-cache bytes per token at long context as a share of the
+  unmodified model's, null if unknown), `kv_share_at` ({"L": the share the cache holds at L tokens, windows and sinks
+  counted}), `description`; from this runner also `config`, `head_layout`, `local_groups`, `groups`, `scores_file`.
+  Optional for another runner: without it the report's KV share is "n/a".
+- OUT/pred/{layout}/{L}/{task}.run.json: this runner's own resume record (settings, sha256 of the prediction file,
+  start time, seconds, device, `uptime` before and after); another runner leaves it out.
+The report reads every OUT/pred/{layout}/{L}/{task}.jsonl (`pred` and `outputs`), layout.json where there is one,
+the `*.run.json` records (device, dtype, seconds, `uptime`) where there are some, and data/generation.json's seeds
+and tokenizers; the layout named `unmodified` is the reference.
+"""
+
+import argparse
+import functools
+import hashlib
+import itertools
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoTokenizer, GenerationConfig
+
+from benchmarks.common import command_line_parser, describe_machine, machine_load
+from benchmarks.hybrid_speed import TINY_LLAMA
+from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
+from benchmarks.serving import code_version, local_groups, score_path
+from hf_attn import hybridize, ruler
+from hf_attn.experiments.arguments import below_minimums
+from hf_attn.hybrid import cache_bytes_per_token, num_key_value_heads, original_cache_bytes_per_token
+from hf_attn.pretrained import load_causal_lm, load_tokenizer, source_argument
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PROMPT_FORMATS = ("plain", "chat")
+# Defaults left None on the command line: the full run's, and --quick's.
+SIZES = {
+    "lengths": ([4096, 8192], [1024]),  # --quick: vt's one-shot example alone is ~500 GPT-2 tokens; 1024 fits all
+    "samples": (20, 2),  # generate's; run's default is every record of the data
+    "local_windows": ([64, 256], [64]),
+    "sink_tokens": ([4], [4]),
+    "fractions": ([0.5], [0.5]),
+    "scores": (["gate", "retrieval"], ["random"]),
+    "batch_size": (1, 2),
+    "threads": (None, 1),  # --quick: on a busy 2-core machine one thread decodes the tiny model 20x faster than two
+    "output_dir": ("outputs/ruler", "outputs/ruler-quick"),
+}
+MODEL = "smollm2-135m-instruct"
+QUICK_MODEL = "tiny-random-llama"
+QUICK_TOKENIZER = "../shared/data/gpt2-tokenizer"
+HAYSTACK_DIR = "../shared/data/wikitext-2-raw"
+LAYOUT_DIR = "docs/results/long_context/smollm2-135m-instruct"
+# The project's targets for a hybridized model keeping at most TARGET_KV_SHARE of the unmodified model's KV bytes per
+# token: a RULER average at least TARGET_AVERAGE of the unmodified model's, no task more than TARGET_DROP points below.
+TARGET_KV_SHARE, TARGET_AVERAGE, TARGET_DROP = 0.5, 0.95, 10.0
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = command_line_parser("benchmarks.ruler", __doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,run,report}")
+    generate = commands.add_parser("generate", help="write OUT/data/{L}/{task}/validation.jsonl")
+    run = commands.add_parser("run", help="write OUT/pred/{layout}/{L}/{task}.jsonl and summary.csv, then the report")
+    report = commands.add_parser("report", help="write OUT/results.json and results.md from OUT/pred alone")
+    for command in (generate, run):
+        add = command.add_argument
+        add("--lengths", type=int, nargs="+", help=f"RULER's buckets L: prompt + generated tokens <= L (default "
+            f"{SIZES['lengths'][0]}, --quick {SIZES['lengths'][1]})")  # fmt: skip
+        add("--tasks", nargs="+", choices=list(ruler.TASKS), default=list(ruler.TASKS), help="default: all 11")
+        add("--tokenizer", type=source_argument, help=f"whose tokens the lengths count: Hub id, folder, .gguf file or "
+            f"hf_attn.pretrained short name (default: the model's, {MODEL}; --quick {QUICK_TOKENIZER})")  # fmt: skip
+        add("--haystack-dir", default=HAYSTACK_DIR, help="folder of WikiText-2's wiki.test.raw, the essay tasks' "
+            "haystack (run: with --quick only, which generates its data)")  # fmt: skip
+        add("--seed", type=int, default=42, help="the records' seed (RULER's default; run: with --quick only)")
+    generate.add_argument("--samples", type=int, help=f"records per task and length (default {SIZES['samples'][0]})")
+    add = run.add_argument
+    add("--samples", type=int, help="the first N records of each data file (default: all; --quick 2)")
+    add("--model", type=source_argument, help=f"Hub id, folder, .gguf file or hf_attn.pretrained short name (default "
+        f"{MODEL}; not with --quick)")  # fmt: skip
+    add("--local-windows", type=int, nargs="+", help=f"k: previous tokens a local head sees (default "
+        f"{SIZES['local_windows'][0]})")  # fmt: skip
+    add("--sink-tokens", type=int, nargs="+", help="first tokens local heads also see (default [4])")
+    add("--fractions", type=float, nargs="+", help="shares of key/value groups made local (default [0.5])")
+    add("--scores", nargs="+", choices=SCORE_NAMES, help=f"what ranks the groups (default {SIZES['scores'][0]}; "
+        "--quick random)")  # fmt: skip
+    add("--random-seeds", type=int, nargs="+", default=[0], help="the random layouts' seeds")
+    add("--layout-dir", default=LAYOUT_DIR, help="a benchmarks.long_context output folder: its "
+        "scores/SCORE-kK-sS.json ranks the key/value groups")  # fmt: skip
+    add("--prompt-format", choices=PROMPT_FORMATS, default="plain", help="plain: input + answer_prefix; chat: input "
+        "in the chat template's user turn, the reply begun with answer_prefix")  # fmt: skip
+    add("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add("--dtype", choices=list(DTYPES), help="default bfloat16 on cuda, float32 on cpu")
+    add("--batch-size", type=int, help="prompts of one task and length generated together, padded on the left "
+        "(default 1, --quick 2)")  # fmt: skip
+    add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record (RULER "
+        "does; default '': the data file has it, and 11 tasks x 8K-token inputs per layout add up)")  # fmt: skip
+    add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer at 1024 tokens, 2 samples, a "
+        "random layout: generates its data, runs, reports; the plumbing, not the targets")  # fmt: skip
+    for command in (generate, run, report):
+        command.add_argument("--output-dir", help=f"default {SIZES['output_dir'][0]} (run --quick: "
+                             f"{SIZES['output_dir'][1]})")  # fmt: skip
+    args = parser.parse_args(argv)
+    finish_arguments(args)
+    if problems := argument_problems(args):
+        parser.error("; ".join(problems))
+    return args
+
+
+def finish_arguments(args: argparse.Namespace) -> None:
+    """Each size left out takes the full run's default or --quick's; the model, tokenizer and dtype theirs."""
+    args.quick = getattr(args, "quick", False)
+    for name, defaults in SIZES.items():
+        if getattr(args, name, False) is None and not (name == "samples" and args.command == "run" and not args.quick):
+            setattr(args, name, defaults[args.quick])
+    if args.command == "run":
+        given_model, args.model = args.model, args.model or (QUICK_MODEL if args.quick else MODEL)
+        args.tokenizer = args.tokenizer or (QUICK_TOKENIZER if args.quick else args.model)
+        args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+        args.given_model = given_model
+    elif args.command == "generate":
+        args.tokenizer = args.tokenizer or MODEL
+
+
+def argument_problems(args) -> list[str]:
+    """Every invalid argument at once, each naming the flag and what it allows, before any model or tokenizer loads."""
+    folder = Path(args.output_dir)
+    if args.command == "report":
+        return [] if (folder / "pred").is_dir() else [f"--output-dir must hold pred/ (written by `python -m "
+                                                      f"benchmarks.ruler run`), got {folder}"]  # fmt: skip
+    minimums = {"samples": 1} | ({"batch_size": 1, "threads": 1} if args.command == "run" else {})
+    problems = [problem.replace("_", "-") for problem in below_minimums(args, minimums, prefix="--")]
+    longest = max(ruler.TASKS[task].max_new_tokens for task in args.tasks)
+    if min(args.lengths) <= longest:
+        problems.append(f"--lengths must all be > {longest} (the tokens --tasks generate), got {args.lengths}")
+    if args.command == "generate" or args.quick:
+        essays = [t for t in args.tasks if getattr(ruler.TASKS[t], "haystack", None) == "essay"]
+        if essays and not (Path(args.haystack_dir) / "wiki.test.raw").is_file():
+            problems.append(f"--haystack-dir must be a folder holding wiki.test.raw (WikiText-2 raw) for {essays}, "
+                            f"got {args.haystack_dir}")  # fmt: skip
+    if args.command == "run":
+        problems += run_problems(args)
+    return problems
+
+
+def run_problems(args) -> list[str]:
+    problems = []
+    if min(args.local_windows) < 1:
+        problems.append(f"--local-windows must all be >= 1, got {args.local_windows}")
+    if min(args.sink_tokens) < 0:
+        problems.append(f"--sink-tokens must all be >= 0, got {args.sink_tokens}")
+    if any(not 0 < fraction <= 1 for fraction in args.fractions):
+        problems.append(f"--fractions must all be in (0, 1], got {args.fractions}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    elif args.device.startswith("cuda") and not torch.cuda.is_available():
+        problems.append(f"--device {args.device} needs a GPU that torch sees; use cpu")
+    if args.quick and args.given_model:
+        problems.append("--quick makes its own tiny model: drop --model")
+    for window, sinks, score in itertools.product(args.local_windows, args.sink_tokens, args.scores):
+        path = score_file(args, window, sinks, score)
+        if path is not None and not path.is_file():
+            problems.append(f"--layout-dir must hold scores/{path.name} (benchmarks.long_context writes it with "
+                            f"--scores {score}), got {args.layout_dir}")  # fmt: skip
+    if not args.quick:
+        for length, task in itertools.product(args.lengths, args.tasks):
+            path = data_path(Path(args.output_dir), length, task)
+            if not path.is_file():
+                problems.append(f"--output-dir must hold data/{length}/{task}/validation.jsonl: write it with `python "
+                                f"-m benchmarks.ruler generate --lengths {length} --tasks {task} --output-dir "
+                                f"{args.output_dir}`")  # fmt: skip
+            elif args.samples and len(path.read_text(encoding="utf-8").splitlines()) < args.samples:
+                problems.append(f"--samples must be at most the records of {path}, got {args.samples}")
+    return problems
+
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+def data_path(folder: Path, length: int, task: str) -> Path:
+    return folder / "data" / str(length) / task / "validation.jsonl"
+
+
+def pred_folder(folder: Path, layout: str, length: int) -> Path:
+    return folder / "pred" / layout / str(length)
+
+
+def jsonl(records: list[dict]) -> str:
+    """RULER's files: one `json.dumps` per line (NeMo's write_manifest)."""
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` by renaming a finished temporary file: an interrupted write leaves the old file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# --- generate ------------------------------------------------------------------------------------------------------
+
+
+def generate_data(args) -> dict:
+    """OUT/data/{L}/{task}/validation.jsonl for every length and task, and OUT/data/generation.json; a file whose
+    settings and bytes are the recorded ones is left alone, one generated again identical is not rewritten."""
+    folder = Path(args.output_dir)
+    manifest_path = folder / "data" / "generation.json"
+    manifest = read_json(manifest_path) or {}
+    tokenizer = None
+    for length, task in itertools.product(args.lengths, args.tasks):
+        path, key = data_path(folder, length, task), f"{length}/{task}"
+        settings = {"tokenizer": args.tokenizer, "length": length - ruler.TASKS[task].max_new_tokens,
+                    "samples": args.samples, "seed": args.seed, "haystack_dir": args.haystack_dir}  # fmt: skip
+        entry = manifest.get(key, {})
+        if entry.get("settings") == settings and path.is_file() and sha256(path.read_text("utf-8")) == entry["sha256"]:
+            continue
+        tokenizer = tokenizer or load_tokenizer(args.tokenizer)
+        start = time.perf_counter()
+        text = jsonl(ruler.generate(task, tokenizer, settings["length"], args.samples, args.seed, args.haystack_dir))
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            write_whole(path, text)
+        manifest[key] = {"settings": settings, "sha256": sha256(text), "seconds": time.perf_counter() - start}
+        write_whole(manifest_path, json.dumps(manifest, indent=1) + "\n")
+        print(f"{path}: {args.samples} records in {manifest[key]['seconds']:.1f} s", flush=True)
+    return manifest
+
+
+# --- run: the model ------------------------------------------------------------------------------------------------
+
+
+def prompt_ids(tokenizer, record: dict, prompt_format: str) -> list[int]:
+    """The ids the model reads: `input + answer_prefix` (the tokenizer's own special tokens, as the data's `length`
+    counts them), or `input` as the chat template's user turn and the reply begun with `answer_prefix`."""
+    if prompt_format == "plain":
+        return tokenizer(record["input"] + record["answer_prefix"], verbose=False).input_ids
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": record["input"]}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    return tokenizer(turn + record["answer_prefix"], add_special_tokens=False, verbose=False).input_ids
+
+
+@torch.inference_mode()
+def model_answers(model, tokenizer, prompt_format: str, records: list[dict]) -> list[dict]:
+    """The only model call: greedy `generate` of the task's `max_new_tokens` after each record's prompt, the records
+    (one task) padded on the left into one batch. Per record: `pred`, the continuation cut before the first
+    end-of-sequence token and decoded without special tokens, and what goes into its `others`."""
+    ids = [prompt_ids(tokenizer, record, prompt_format) for record in records]
+    eos = model.generation_config.eos_token_id
+    eos = {*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+    width = max(map(len, ids))
+    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids], device=model.device)  # (B, T)
+    attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids], device=model.device)
+    generation = GenerationConfig(do_sample=False, max_new_tokens=ruler.TASKS[records[0]["task"]].max_new_tokens,
+                                  eos_token_id=sorted(eos) or None, pad_token_id=pad)  # fmt: skip
+    output = model.generate(input_ids, attention_mask=attention_mask, generation_config=generation)
+    answers = []
+    for prompt, continuation in zip(ids, output[:, width:].tolist(), strict=True):
+        cut = next((i for i, token in enumerate(continuation) if token in eos), len(continuation))
+        answers.append({"pred": tokenizer.decode(continuation[:cut], skip_special_tokens=True),
+                        "prompt_tokens": len(prompt), "new_tokens": cut})  # fmt: skip
+    return answers
+
+
+def load(args) -> tuple:
+    """The model in `--dtype` on `--device`, eval mode, and the tokenizer; --quick: a tiny random Llama (seed 0) as
+    wide as the tokenizer's vocabulary."""
+    if args.quick:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            **TINY_LLAMA | {"vocab_size": len(tokenizer), "max_position_embeddings": max(args.lengths)},
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        model = transformers.LlamaForCausalLM(config).to(DTYPES[args.dtype])
+    else:  # `dtype` when loading: `.to` after would round the rotary frequencies too
+        model, tokenizer = load_causal_lm(args.model, dtype=DTYPES[args.dtype]), load_tokenizer(args.tokenizer)
+    return model.to(args.device).eval(), tokenizer
+
+
+def score_file(args, window: int, sinks: int, score: str) -> Path | None:
+    if score == "random":
+        return None
+    return score_path(argparse.Namespace(layout_dir=args.layout_dir, score=score, local_window=window,
+                                         sink_tokens=sinks))  # fmt: skip
+
+
+def configurations(args) -> list[Config]:
+    """The unmodified model first (hybridize works in place), then every (k, S, share, score[, seed])."""
+    configs = [UNMODIFIED]
+    for window, sinks, fraction, score in itertools.product(args.local_windows, args.sink_tokens, args.fractions,
+                                                            args.scores):  # fmt: skip
+        seeds = args.random_seeds if score == "random" else [None]
+        configs += [Config(window, sinks, fraction, score, seed) for seed in seeds]
+    return configs
+
+
+def apply_layout(model, config: Config, args) -> dict:
+    """Hybridizes `model` to `config` (the unmodified model stays as loaded); what layout.json says of it."""
+    if config == UNMODIFIED:
+        return {"name": config.name, "description": "the model as loaded", "kv_share": 1.0,
+                "kv_share_at": {str(length): 1.0 for length in args.lengths}, "config": None}  # fmt: skip
+    path = score_file(args, config.local_window, config.sink_tokens, config.score)
+    scores = None if path is None else json.loads(path.read_text())["scores"]
+    layout = layout_for(config, scores, model.config)
+    hybridize(model, head_layout=layout, local_window=config.local_window, sink_tokens=config.sink_tokens)
+    original = original_cache_bytes_per_token(model.config)
+    groups = model.config.num_hidden_layers * num_key_value_heads(model.config)
+    local = local_groups(layout, model.config)
+    ranked = f"at random (seed {config.seed})" if path is None else f"ranked by {path}"
+    return {"name": config.name, "kv_share": cache_bytes_per_token(model.config) / original,
+            "kv_share_at": {str(length): cache_bytes_per_token(model.config, context_tokens=length) / original
+                            for length in args.lengths},
+            "description": f"{local} of {groups} key/value groups {config.local_window}-local with "
+                           f"{config.sink_tokens} sinks, {ranked}",
+            "config": asdict(config), "local_groups": local, "groups": groups,
+            "scores_file": None if path is None else str(path), "head_layout": layout}  # fmt: skip
+
+
+# --- run: predictions ----------------------------------------------------------------------------------------------
+
+
+def prediction(record: dict, answer: dict, keep_input: bool) -> dict:
+    """RULER's prediction record (call_api.py) for a data record and its answer."""
+    others = {key: value for key, value in answer.items() if key != "pred"}
+    if "depths" in record:
+        others["depths"] = record["depths"]
+    return {"index": record["index"], "pred": answer["pred"], "input": record["input"] if keep_input else "",
+            "outputs": record["outputs"], "others": others, "truncation": -1, "length": record["length"]}  # fmt: skip
+
+
+def complete(folder: Path, task: str, settings: dict) -> bool:
+    """Whether FOLDER/TASK.jsonl is the one its run record says was written with `settings`."""
+    record, path = read_json(folder / f"{task}.run.json"), folder / f"{task}.jsonl"
+    return (record is not None and record.get("settings") == settings and path.is_file()
+            and sha256(path.read_text(encoding="utf-8")) == record.get("sha256"))  # fmt: skip
+
+
+def predict_task(answer, records: list[dict], folder: Path, task: str, settings: dict, args) -> None:
+    """FOLDER/TASK.jsonl from `answer` (records of one batch -> their answers) on `--batch-size` records at a time,
+    then FOLDER/TASK.run.json, each written whole."""
+    before, started, start = machine_load(), time.time(), time.perf_counter()
+    predictions = []
+    for first in range(0, len(records), args.batch_size):
+        batch = records[first : first + args.batch_size]
+        predictions += [prediction(record, reply, args.keep_inputs)
+                        for record, reply in zip(batch, answer(batch), strict=True)]  # fmt: skip
+    text = jsonl(predictions)
+    write_whole(folder / f"{task}.jsonl", text)
+    seconds = time.perf_counter() - start
+    write_whole(folder / f"{task}.run.json", json.dumps({
+        "settings": settings, "sha256": sha256(text), "started": started, "seconds": seconds,
+        "device": describe_machine(args.device),
+        "machine": {"before": before, "after": machine_load()}}, indent=1) + "\n")  # fmt: skip
+    print(f"{folder / task}: {ruler.score(task, *predictions_and_references(predictions))} in {seconds:.1f} s",
+          flush=True)  # fmt: skip
+
+
+def run_suite(args) -> None:
+    """Every layout's predictions (skipping complete ones) and summaries."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder = Path(args.output_dir)
+    model, tokenizer = load(args)
+    answer = functools.partial(model_answers, model, tokenizer, args.prompt_format)
+    for config in configurations(args):
+        layout, path = apply_layout(model, config, args), folder / "pred" / config.name / "layout.json"
+        layout["kv_share_at"] = (read_json(path) or {}).get("kv_share_at", {}) | layout["kv_share_at"]  # all lengths
+        write_whole(path, json.dumps(layout, indent=1) + "\n")
+        for length in args.lengths:
+            out = pred_folder(folder, config.name, length)
+            for task in args.tasks:
+                text = data_path(folder, length, task).read_text(encoding="utf-8")
+                records = [json.loads(line) for line in text.splitlines()][: args.samples]
+                settings = {"model": args.model, "tokenizer": args.tokenizer, "head_layout":
+                            layout.get("head_layout"), "config": layout["config"], "dtype": args.dtype,
+                            "device": args.device, "prompt_format": args.prompt_format, "batch_size": args.batch_size,
+                            "data_sha256": sha256(text), "samples": len(records),
+                            "keep_inputs": args.keep_inputs}  # fmt: skip
+                if complete(out, task, settings):
+                    print(f"{out / task}: complete, kept", flush=True)
+                    continue
+                predict_task(answer, records, out, task, settings, args)
+            write_summary(out)
+
+
+# --- scores --------------------------------------------------------------------------------------------------------
+
+
+def postprocess(pred: str) -> str:
+    """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
+    return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()
+
+
+def predictions_and_references(predictions: list[dict]) -> tuple[list[str], list[list[str]]]:
+    return [postprocess(p["pred"]) for p in predictions], [p["outputs"] for p in predictions]
+
+
+def task_results(folder: Path) -> dict[str, dict]:
+    """Per task with a prediction file in FOLDER (RULER's order): score, nulls and samples."""
+    results = {}
+    for task in ruler.TASKS:
+        if (path := folder / f"{task}.jsonl").is_file():
+            preds, references = predictions_and_references(read_jsonl(path))
+            results[task] = {"score": ruler.score(task, preds, references), "samples": len(preds),
+                             "nulls": sum(not pred for pred in preds)}  # fmt: skip
+    return results
+
+
+def average(results: dict[str, dict]) -> float:
+    return round(sum(result["score"] for result in results.values()) / len(results), 2)
+
+
+def write_summary(folder: Path) -> None:
+    """FOLDER/summary.csv as RULER's evaluate.py writes it (pandas' `to_csv(index=False)` of the rows), the average
+    added as a last column."""
+    results = task_results(folder)
+    if not results:
+        return
+    nulls = sum(result["nulls"] for result in results.values())
+    rows = [["Tasks", *results, "average"], ["Score", *(result["score"] for result in results.values()),
+            average(results)], ["Nulls", *(f"{r['nulls']}/{r['samples']}" for r in results.values()),
+            f"{nulls}/{sum(result['samples'] for result in results.values())}"]]  # fmt: skip
+    lines = [",".join(map(str, range(len(rows[0])))), *(",".join(map(str, row)) for row in rows)]
+    write_whole(folder / "summary.csv", "\n".join(lines) + "\n")
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+
+
+def layout_names(folder: Path) -> list[str]:
+    """The layouts in OUT/pred: unmodified first, then by name."""
+    names = sorted(path.name for path in (folder / "pred").iterdir() if path.is_dir())
+    return sorted(names, key=lambda name: name != UNMODIFIED.name)
+
+
+def row(results: dict[str, dict], reference: dict[str, dict] | None, layout: dict, length: str) -> dict:
+    """One layout at one length: its scores, average and KV share; against the unmodified model, the average's share
+    of its average, the worst task's drop (points) and whether the targets hold (None: not judged)."""
+    kv_share = layout.get("kv_share")
+    figures = {"scores": {task: result["score"] for task, result in results.items()},
+               "nulls": {task: f"{result['nulls']}/{result['samples']}" for task, result in results.items()},
+               "samples": sorted({result["samples"] for result in results.values()}), "average": average(results),
+               "kv_share": kv_share, "kv_share_at": layout.get("kv_share_at", {}).get(length),
+               "description": layout.get("description")}  # fmt: skip
+    shared = [task for task in reference or {} if task in results]
+    if results is reference or not shared:
+        return figures
+    drops = {task: reference[task]["score"] - results[task]["score"] for task in shared}
+    worst = max(drops, key=drops.get)
+    baseline = sum(reference[task]["score"] for task in shared)  # both averages over the tasks both have
+    share = sum(results[task]["score"] for task in shared) / baseline if baseline else None
+    judged = share is not None and shared == list(reference) and (kv_share is None or kv_share <= TARGET_KV_SHARE)
+    meets = share >= TARGET_AVERAGE and drops[worst] <= TARGET_DROP if judged else None
+    return figures | {"average_share": share, "worst_task": worst, "worst_drop": drops[worst], "meets_targets": meets}
+
+
+def runs_of(folder: Path) -> dict:
+    """What the run records say of a layout's predictions: devices, dtypes, seconds, `uptime` first and last."""
+    records = sorted((record for path in folder.glob("*/*.run.json") if (record := read_json(path))),
+                     key=lambda record: record["started"])  # fmt: skip
+    if not records:
+        return {}
+    return {"devices": sorted({record["device"] for record in records}),
+            "dtypes": sorted({record["settings"]["dtype"] for record in records}),
+            "prompt_formats": sorted({record["settings"]["prompt_format"] for record in records}),
+            "models": sorted({record["settings"]["model"] for record in records}),
+            "seconds": sum(record["seconds"] for record in records),
+            "uptime_first": records[0]["machine"]["before"]["uptime"],
+            "uptime_last": records[-1]["machine"]["after"]["uptime"]}  # fmt: skip
+
+
+def results(folder: Path, argv: list[str]) -> dict:
+    """results.json: per length and layout, `row`; the layouts' records; the data's settings; the machine."""
+    names = layout_names(folder)
+    layouts = {name: read_json(folder / "pred" / name / "layout.json") or {"name": name} for name in names}
+    lengths = sorted({path.name for name in names for path in (folder / "pred" / name).iterdir()
+                      if path.is_dir() and path.name.isdigit()}, key=int)  # fmt: skip
+    table = {}
+    for length in lengths:
+        per_layout = {name: task_results(pred_folder(folder, name, int(length))) for name in names}
+        per_layout = {name: figures for name, figures in per_layout.items() if figures}
+        reference = per_layout.get(UNMODIFIED.name)
+        table[length] = {name: row(figures, reference, layouts[name], length) for name, figures in per_layout.items()}
+    data = read_json(folder / "data" / "generation.json") or {}
+    return {"command": shlex.join(["python", "-m", "benchmarks.ruler", *argv]), "lengths": table,
+            "layouts": {name: {key: value for key, value in layout.items() if key != "head_layout"}
+                        for name, layout in layouts.items()},
+            "runs": {name: runs_of(folder / "pred" / name) for name in names},
+            "data": {"seeds": sorted({entry["settings"]["seed"] for entry in data.values()}),
+                     "tokenizers": sorted({entry["settings"]["tokenizer"] for entry in data.values()})},
+            "targets": {"kv_share_at_most": TARGET_KV_SHARE, "average_share_at_least": TARGET_AVERAGE,
+                        "worst_drop_at_most": TARGET_DROP},
+            "code": code_version(), "machine": machine_load(),
+            "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                         "python": sys.version.split()[0]}}  # fmt: skip
+
+
+def number(value: float | None) -> str:
+    """A score as RULER rounds it, without trailing zeros (100, 96.25)."""
+    return "n/a" if value is None else format(round(value, 2), "g")
+
+
+def kv_cell(figures: dict) -> str:
+    """The KV share at long context, and at the table's length where windows and sinks make it differ."""
+    share, here = figures["kv_share"], figures["kv_share_at"]
+    if share is None:
+        return "n/a"
+    return f"{share:.2f}" + ("" if here is None or abs(here - share) < 0.005 else f" ({here:.2f} here)")
+
+
+def verdict(figures: dict) -> str:
+    if "meets_targets" not in figures:
+        return "-"
+    return {True: "yes", False: "**no**", None: "n/a"}[figures["meets_targets"]]
+
+
+def length_table(length: str, rows: dict[str, dict]) -> list[str]:
+    tasks = [task for task in ruler.TASKS if any(task in figures["scores"] for figures in rows.values())]
+    header = ["layout", *tasks, "average", "/ unmodified", "worst drop (points)", "KV share", "targets met"]
+    lines = [f"## {int(length):,} tokens", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for name, figures in rows.items():
+        share = figures.get("average_share")
+        worst = f"{number(figures['worst_drop'])} ({figures['worst_task']})" if "worst_task" in figures else "-"
+        cells = [name, *(number(figures["scores"][task]) if task in figures["scores"] else "-" for task in tasks),
+                 number(figures["average"]), "-" if share is None else f"{share:.1%}", worst, kv_cell(figures),
+                 verdict(figures)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    samples = sorted({n for figures in rows.values() for n in figures["samples"]})
+    lines += ["", f"Targets, at half the cache (KV share <= {TARGET_KV_SHARE:g}): a RULER average at least "
+              f"{TARGET_AVERAGE:.0%} of the unmodified model's and no task more than {TARGET_DROP:g} points below "
+              f"it; n/a: a row keeping more than half the cache, or lacking a task. Samples per task: "
+              f"{', '.join(map(str, samples))}.", ""]  # fmt: skip
+    return lines
+
+
+def report(result: dict) -> str:
+    """results.md: a table per length, then what each layout is and where and how long it ran."""
+    seeds, tokenizers = ", ".join(map(str, result["data"]["seeds"])), ", ".join(result["data"]["tokenizers"])
+    lines = ["# RULER's synthetic tasks, unmodified and hybridized", "",
+             f"Scores: RULER's string_match_all (0-100) per task; average: the tasks' mean; / unmodified: the average "
+             f"as a share of the unmodified model's; worst drop: the most points a task lost against it. KV share: "
+             f"KV-cache bytes per token at long context against the unmodified model (in brackets: at the table's "
+             f"length, local heads' windows and sinks counted). Data: seed {seeds or 'n/a'}, lengths counted in "
+             f"the tokens of {tokenizers or 'n/a'}.", ""]  # fmt: skip
+    for length, rows in result["lengths"].items():
+        lines += length_table(length, rows)
+    lines += ["Layouts:", ""]
+    for name, layout in result["layouts"].items():
+        run = result["runs"].get(name) or {}
+        where = (
+            f" {', '.join(run['models'])}, {', '.join(run['dtypes'])}, {', '.join(run['prompt_formats'])} "
+            f"prompts, on {'; '.join(run['devices'])}: {run['seconds'] / 60:.1f} min of predictions; `uptime` "
+            f"at the first: `{run['uptime_first']}`, at the last: `{run['uptime_last']}`."
+            if run
+            else ""
+        )
+        lines.append(f"- {name}: {layout.get('description') or 'no description'}.{where}")
+    code = result["code"]
+    changed = f" with uncommitted changes to {', '.join(line[3:] for line in code['uncommitted'])}"
+    lines += [
+        "",
+        f"`{result['command']}` at commit {code['commit']}{changed if code['uncommitted'] else ''}, "
+        f"transformers {result['versions']['transformers']}, torch {result['versions']['torch']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(folder: Path, argv: list[str]) -> str:
+    result = results(folder, argv)
+    (folder / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (folder / "results.md").write_text(text := report(result))
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    start, load_at_start = time.perf_counter(), machine_load()
+    print(f"load at start: {load_at_start['uptime']}", flush=True)
+    if args.command == "generate" or args.quick:
+        generate_data(args)
+    if args.command == "run":
+        run_suite(args)
+    if args.command != "generate":
+        print(write_report(Path(args.output_dir), argv))
+    print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
