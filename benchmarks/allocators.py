@@ -1,8 +1,9 @@
 """Peak memory and time of the models `benchmarks.hybrid_speed` compares, under each memory allocator a user's process
 may have: glibc's with its defaults, glibc's mapping every allocation above 128 KiB on its own (the exact measure
-`benchmarks.hybrid_speed` takes peaks with), and jemalloc and tcmalloc preloaded (`LD_PRELOAD`) where installed.
+`benchmarks.hybrid_speed` takes peaks with) or above 1 MiB, and jemalloc and tcmalloc preloaded (`LD_PRELOAD`) where
+installed.
 
-    python -m benchmarks.allocators              # SmolLM2-135M-Instruct at 8,192 tokens; about 25 minutes on one core
+    python -m benchmarks.allocators              # SmolLM2-135M-Instruct at 8,192 tokens; about 35 minutes on one core
     python -m benchmarks.allocators --quick      # a tiny random Llama: under a minute, into outputs/
     python -m benchmarks.allocators --report     # results.md from results.json alone
 
@@ -59,10 +60,17 @@ from hf_attn.pretrained import load_causal_lm
 
 SIZES = {"tokens": (8192, 128), "repeats": (3, 1), "local_windows": ([256, 64], [16])}
 OUTPUT_DIRS = ("docs/results/allocators", "outputs/allocators-quick")
-GLIBC = {"glibc": DEFAULT_ALLOCATOR, "glibc-mmap-128k": EXACT_MEMORY}
+# glibc's defaults; the exact measure; and a threshold above the chunked kernel's per-chunk tensors (a few hundred KiB
+# at 8K tokens), so that they are reused from the heap while every tensor that grows with the sequence is mapped.
+GLIBC = {"glibc": DEFAULT_ALLOCATOR, "glibc-mmap-128k": EXACT_MEMORY,
+         "glibc-mmap-1m": {"MALLOC_MMAP_THRESHOLD_": str(2**20)}}  # fmt: skip
 DESCRIPTIONS = {
     "glibc": "glibc's defaults (a user's process)",
-    "glibc-mmap-128k": f"glibc, `MALLOC_MMAP_THRESHOLD_={EXACT_MEMORY['MALLOC_MMAP_THRESHOLD_']}`",
+    **{
+        name: f"glibc, `MALLOC_MMAP_THRESHOLD_={environment['MALLOC_MMAP_THRESHOLD_']}`"
+        for name, environment in GLIBC.items()
+        if environment
+    },
     **{name: f"{name}, `LD_PRELOAD={library}`" for name, library in PRELOADED_ALLOCATORS.items()},
 }
 

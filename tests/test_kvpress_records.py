@@ -152,6 +152,9 @@ def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
         ([], "--output-dir must hold data/4096/niah_single_1/validation.jsonl: write it with `python -m "
              "benchmarks.ruler generate --lengths 4096 --tasks niah_single_1 --output-dir "),
         (["--presses", "h2o"], ("argument --presses: invalid choice: 'h2o' (choose from ", "snapkv", "duo_attention")),
+        (["--presses", "duo_attention", "--duo-calibration-dir", "nowhere"], "--duo-calibration-dir must hold "
+         "wiki.valid.raw (WikiText-2's validation text) for duo_attention, got nowhere"),
+        (["--duo-samples", "0"], "--duo-samples must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_bad_arguments_are_refused_naming_the_flag(argv, message, tmp_path, capsys):
@@ -159,3 +162,47 @@ def test_bad_arguments_are_refused_naming_the_flag(argv, message, tmp_path, caps
         run_presses.parse_args([*argv, "--output-dir", str(tmp_path)])
     error = capsys.readouterr().err
     assert all(part in error for part in ((message,) if isinstance(message, str) else message)), error
+
+
+def test_duo_attentions_calibration_texts_are_wikitext2_validation_in_50_chunks_read_the_same_each_time(tmp_path):
+    valid = SHARED / "wikitext-2-raw" / "wiki.valid.raw"
+    chunks = run_presses.calibration_texts(valid.parent)
+    assert chunks == run_presses.calibration_texts(valid.parent) and len(chunks) == run_presses.DUO_CHUNKS == 50
+    # Consecutive pieces of the whole validation text, cut at line ends, of comparable lengths (~4,300 words each).
+    words = [len(chunk.split()) for chunk in chunks]
+    assert sum(words) == len(valid.read_text(encoding="utf-8").split()) and 4000 <= min(words) <= max(words) <= 4600
+    assert chunks[0].startswith("= Homarus gammarus =") and all(chunk in valid.read_text() for chunk in chunks)
+    # Only wiki.valid.raw is read: never wiki.test.raw, whose text RULER's essay haystack is made of.
+    (tmp_path / "wiki.test.raw").write_text((SHARED / "wikitext-2-raw" / "wiki.test.raw").read_text())
+    with pytest.raises(FileNotFoundError, match="wiki.valid.raw"):
+        run_presses.calibration_texts(tmp_path)
+    # A shorter text: as many chunks of at least DUO_MIN_WORDS as it holds, whole lines each.
+    lines = [" ".join(f"w{i}" for i in range(100)) + " \n" for _ in range(60)]  # 6,000 words
+    (tmp_path / "wiki.valid.raw").write_text("".join(lines))
+    short = run_presses.calibration_texts(tmp_path)
+    assert [len(chunk.split()) for chunk in short] == [3000, 3000]
+
+
+def test_duo_attentions_stand_in_for_booksum_samples_as_kvpress_samples_its_chapters():
+    chapters = run_presses.Chapters([f"text {i}" for i in range(50)]).to_pandas()
+    drawn = chapters.sample(4, random_state=42)["chapter"].tolist()
+    assert drawn == chapters.sample(4, random_state=42)["chapter"].tolist() and len(set(drawn)) == 4
+    assert sorted(chapters.sample(50, random_state=42)["chapter"]) == sorted(chapters.texts)
+    assert len(chapters.sample(80, random_state=42)) == 50  # fewer texts than kvpress's num_samples: all of them
+
+
+def test_duo_attentions_kv_share_is_what_its_retrieval_and_streaming_heads_keep():
+    # SmolLM2-135M: 30 layers x 3 key/value heads; kvpress rounds 90 x 0.25 = 22.5 to 22 streaming heads.
+    assert run_presses.duo_streaming_share(0.25, 90) == 22 / 90 and run_presses.duo_streaming_share(0.5, 90) == 0.5
+    assert run_presses.duo_kv_share(0.5, 90) == 0.5  # at long context: the retrieval heads' share
+    # At C context tokens a streaming head keeps its 128 sink and 256 recent tokens: 1 - s (1 - 384 / C).
+    assert run_presses.duo_kv_share(0.5, 90, 1024) == pytest.approx(1 - 0.5 * (1 - 384 / 1024))
+    assert run_presses.duo_kv_share(0.75, 4, 4096) == pytest.approx(1 - 0.75 * (1 - 384 / 4096))
+    assert run_presses.duo_kv_share(0.5, 90, 300) == 1.0  # a context shorter than sink + recent: nothing masked
+    record = run_presses.layout_record(Path("missing"), "duo_attention", 0.25, "DuoAttentionPress(...)", kv_heads=90)
+    assert record["kv_share"] == pytest.approx(1 - 22 / 90) and record["head_wise"]
+    assert record["description"].startswith(
+        "DuoAttention (kvpress's on-the-fly scoring, calibrated on WikiText-2 validation text in place of BookSum): "
+    )
+    description = record["description"]
+    assert "22 of the model's 90 key/value heads" in description and "masked (not freed)" in description

