@@ -55,7 +55,7 @@ from benchmarks.hybrid_speed import (
     summary,
     table,
 )
-from benchmarks.serving import code_version
+from benchmarks.serving import code_note, code_version
 from hf_attn.pretrained import load_causal_lm
 
 SIZES = {"tokens": (8192, 128), "repeats": (3, 1), "local_windows": ([256, 64], [16])}
@@ -206,13 +206,11 @@ def report(result: dict) -> str:
         lines += ["", "glibc's heap after decoding, under its defaults (MiB, median): its size, the bytes in use in "
                   "it, and the free memory it keeps (median, range):", ""]  # fmt: skip
         lines += table(["model", "heap", "in use", "kept free"], rows)
-    before, after, changed = result["machine"]["before"], result["machine"]["after"], result["code"]["uncommitted"]
+    before, after = result["machine"]["before"], result["machine"]["after"]
     lines += [
         "", f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {settings['threads']} thread(s) per "
-        f"process, {result['machine']['torch']}, transformers {result['versions']['transformers']}, at commit "
-        f"{result['code']['commit']}" + (f" with uncommitted changes to {', '.join(line[3:] for line in changed)}"
-                                         if changed else "")
-        + f". `uptime` before: `{before['uptime']}`; after: `{after['uptime']}`.",
+        f"process, {result['machine']['torch']}, transformers {result['versions']['transformers']}"
+        f"{code_note(result['code'])}. `uptime` before: `{before['uptime']}`; after: `{after['uptime']}`.",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
