@@ -25,6 +25,7 @@ only warns about one it cannot find. Writes OUTPUT_DIR/{results.json, results.md
 import argparse
 import ctypes.util
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -167,10 +168,9 @@ def heap_rows(result: dict) -> list[list[str]]:
         heaps = [run["glibc_heap"] for run in figures["runs"] if run["glibc_heap"]]
         if not heaps:
             continue
-        middle = len(heaps) // 2
-        size, in_use = (sorted(heap[key] for heap in heaps)[middle] for key in ("heap_bytes", "heap_in_use_bytes"))
+        size, in_use = (statistics.median(heap[key] for heap in heaps) for key in ("heap_bytes", "heap_in_use_bytes"))
         kept = sorted(heap["heap_bytes"] - heap["heap_in_use_bytes"] for heap in heaps)
-        rows.append([name, mib(size), mib(in_use), f"{mib(kept[middle])} ({mib(kept[0])}-{mib(kept[-1])})"])
+        rows.append([name, mib(size), mib(in_use), f"{mib(statistics.median(kept))} ({mib(kept[0])}-{mib(kept[-1])})"])
     return rows
 
 
