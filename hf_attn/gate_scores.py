@@ -17,7 +17,7 @@ before the query and the query itself.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +49,8 @@ TOKENS_PER_PASSKEY = 256
 # top half the same after 48 steps as after 64 (43 of 45 after 32) at lr 0.05; the loss is relative (`train_gates`),
 # so the paper's penalty carries over.
 STEPS, LEARNING_RATE, PENALTY = 48, 0.05, 0.05
+# The RULER-style calibration tasks' seed: the evaluation's records (`benchmarks.ruler`, seed 42) are drawn apart.
+CALIBRATION_SEED = 0
 # Ranks gates that end tied (at 0 or 1) by their mean along training: the lower one went down sooner.
 TIE_BREAK = 1e-3
 
@@ -111,6 +113,43 @@ def passkey_sample(block: torch.Tensor, tokenizer, num_passkeys: int, generator:
         for offset in range(len(key)):  # the query before each recalled key token copies that token of the needle
             source[len(ids) - len(key) + offset - 1] = start + offset
     return torch.tensor(ids), torch.tensor(recall), torch.tensor(source)
+
+
+def task_text(calibration_ids: torch.Tensor, tokenizer, samples_per_task: int = 2, seed: int = CALIBRATION_SEED,
+              tasks: Sequence[str] | None = None) -> RetrievalText:  # fmt: skip
+    """`samples_per_task` samples of each of RULER's synthetic `tasks` (default: all, `ruler.TASKS`), each a prompt of
+    at most T - the task's `max_new_tokens` tokens and its answer (`", ".join(outputs)`), right-padded to T, the
+    width of `calibration_ids` (N, T). The essay tasks' haystack is the calibration text itself, decoded, so neither
+    it nor the seed is the evaluation's; `recall` marks the answer."""
+    from . import ruler  # RULER's words need `wonderwords` (hf_attn[ruler]); the passkey scores do not
+
+    check_count("samples_per_task", samples_per_task, 1)
+    tasks = list(ruler.TASKS) if tasks is None else list(tasks)
+    if unknown := [task for task in tasks if task not in ruler.TASKS] or not tasks:
+        raise ValueError(f"`tasks` must be some of {list(ruler.TASKS)}, got {unknown or tasks}")
+    width = calibration_ids.shape[1]
+    essay = tokenizer.decode(calibration_ids.flatten())
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples = []
+    for task in tasks:
+        length = width - ruler.TASKS[task].max_new_tokens
+        try:
+            records = ruler.generate(task, tokenizer, length, samples_per_task, seed, essay_text=essay)
+        except ValueError as error:
+            raise ValueError(f"Calibration blocks of {width} tokens are too short for {task} ({error}): use longer "
+                             "blocks (`block_size`) or other `tasks`") from error  # fmt: skip
+        for record in records:
+            prompt = tokenizer(record["input"] + record["answer_prefix"]).input_ids
+            space = "" if record["answer_prefix"].endswith(" ") else " "
+            answer = tokenizer(space + ", ".join(record["outputs"]) + ".", add_special_tokens=False).input_ids
+            if len(prompt) + len(answer) > width:
+                raise ValueError(f"A {task} sample's answer takes {len(answer)} tokens, more than the room its "
+                                 f"{len(prompt)}-token prompt leaves in {width}: use longer blocks")  # fmt: skip
+            padding = width - len(prompt) - len(answer)
+            recall = [False] * len(prompt) + [True] * len(answer) + [False] * padding
+            samples.append((torch.tensor(prompt + answer + [pad] * padding), torch.tensor(recall),
+                            torch.full((width,), -1)))  # fmt: skip
+    return RetrievalText(*(torch.stack(parts) for parts in zip(*samples, strict=True)))
 
 
 def passkey_pieces(block: torch.Tensor, tokenizer, ordinal: str, generator: torch.Generator):
@@ -270,6 +309,20 @@ def gate_scores(model, calibration_ids: torch.Tensor, *, local_window: int, sink
                        unit=unit, steps=steps)  # fmt: skip
 
 
+def task_gate_scores(model, calibration_ids: torch.Tensor, *, local_window: int, sink_tokens: int, batch_size: int,
+                     unit: str, tokenizer=None, steps: int = STEPS,
+                     samples_per_task: int = 2) -> torch.Tensor:  # fmt: skip
+    """(layers, units) DuoAttention gates trained on RULER's synthetic tasks (`task_text`) instead of passkeys: the
+    answers of needles of several kinds and counts, variable chains and word counts. Costs 11 x `samples_per_task`
+    forward passes and `steps` forward and backward passes of `batch_size` samples."""
+    if tokenizer is None:
+        raise ValueError("`tokenizer` is required: the tasks are text (RULER's templates)")
+    check_score_arguments(local_window, sink_tokens, batch_size)
+    text = task_text(calibration_ids, tokenizer, samples_per_task)
+    return train_gates(model, text, local_window=local_window, sink_tokens=sink_tokens, batch_size=batch_size,
+                       unit=unit, steps=steps)  # fmt: skip
+
+
 def needle_attention(
     model, text: RetrievalText, *, local_window: int, sink_tokens: int, batch_size: int, unit: str
 ) -> torch.Tensor:
@@ -305,6 +358,8 @@ def retrieval_scores(model, calibration_ids: torch.Tensor, *, local_window: int,
 
 __all__ = [
     "gate_scores",
+    "task_gate_scores",
+    "task_text",
     "retrieval_scores",
     "retrieval_text",
     "train_gates",

@@ -387,18 +387,25 @@ def _builder(config: Task, name: str, length: int, count: Callable[[_Prompt], in
 
 
 def generate(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_samples: int, seed: int = 42,
-             haystack_dir: str | Path | None = None) -> list[dict]:  # fmt: skip
+             haystack_dir: str | Path | None = None, essay_text: str | None = None) -> list[dict]:  # fmt: skip
     """`num_samples` records of RULER's `task` whose prompt, `input + answer_prefix`, is at most `length` tokens of
-    `tokenizer` and within one haystack unit of it. Essay tasks read `wiki.test.raw` from `haystack_dir`."""
+    `tokenizer` and within one haystack unit of it. Essay tasks read `wiki.test.raw` from `haystack_dir`, or take
+    `essay_text` itself (calibration text, which must not be the evaluation's)."""
     config = _task(task)
     if num_samples < 1:
         raise ValueError(f"`num_samples` must be >= 1, got {num_samples}")
     essay: Sequence[str] = ()
     if isinstance(config, NeedleTask) and config.haystack == "essay":
-        if haystack_dir is None:
+        if essay_text is not None:
+            essay = tuple(essay_text.split())
+        elif haystack_dir is None:
             raise ValueError(f"{task!r} hides its needles in essay text: pass `haystack_dir`, a folder holding "
-                             f"{ESSAY_FILE} (WikiText-2 raw, e.g. ../shared/data/wikitext-2-raw)")  # fmt: skip
-        essay = _essay_words(Path(haystack_dir).resolve())
+                             f"{ESSAY_FILE} (WikiText-2 raw, e.g. ../shared/data/wikitext-2-raw), or "
+                             "`essay_text`")  # fmt: skip
+        else:
+            essay = _essay_words(Path(haystack_dir).resolve())
+        if not essay:
+            raise ValueError(f"{task!r} hides its needles in essay text, but `essay_text` holds no words")
 
     def count(prompt: _Prompt) -> int:
         return len(tokenizer(prompt.input + prompt.answer_prefix, verbose=False).input_ids)

@@ -6,7 +6,7 @@
 MODEL is a Hub id, a local folder, a `.gguf` file or a folder holding one (`hf_attn.pretrained`).
     hf_attn.select_heads.apply_layout(model, "layout.json")  # hybridized; its card says how the layout was chosen
 
-Four scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are in
+Five scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are in
 forward passes at the command's defaults (16 calibration blocks of 512 tokens, `--batch_size` 4) for SmolLM2-135M
 (30 layers x 3 key/value groups = 90 units); the output file records each run's own (`cost`). docs/hybrid.md's
 long-context run on SmolLM2-135M-Instruct compares the layouts they choose and records their times with 4 blocks of
@@ -25,6 +25,12 @@ long-context run on SmolLM2-135M-Instruct compares the layouts they choose and r
   match the full model's, under an L1 penalty pulling every gate to local. It aims at what a local head must not
   lose, retrieval, and units train together, so redundancy counts. One forward pass per block for the targets (16),
   then 48 steps of a forward and backward pass of `--batch_size` blocks.
+- `gate_tasks`: `gate`'s training on RULER's eleven synthetic tasks (`hf_attn.ruler`: needles of several kinds and
+  counts, variable chains, word counts; 2 samples each, the calibration text as their essay haystack, seed 0) instead
+  of passkeys, each sample's answer where passkeys have theirs. Passkeys keep the heads that copy one key; RULER asks
+  for more. Its samples share RULER's templates with an evaluation on RULER (not its text or its draws): say so
+  beside its scores. Blocks must hold a task's template and answer (1,024 tokens with GPT-2's tokenizer).
+  22 forward passes for the targets, then 48 steps of a forward and backward pass of `--batch_size` samples.
 - `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
   are about to copy when they answer a passkey question. One pass per batch with attention weights (4). It finds
   the heads that copy but ranks all the others by near-zero values.
@@ -51,7 +57,15 @@ import torch
 
 from .data.wikitext import HUB_DATASET, WIKITEXT_FILES, read_text_file
 from .experiments.arguments import below_minimums
-from .gate_scores import UNITS, check_count, check_score_arguments, gate_scores, retrieval_scores, units_per_layer
+from .gate_scores import (
+    UNITS,
+    check_count,
+    check_score_arguments,
+    gate_scores,
+    retrieval_scores,
+    task_gate_scores,
+    units_per_layer,
+)
 from .hub import hub_offline
 from .hybrid import family_of, hybridize
 from .pretrained import load_causal_lm, load_tokenizer, source_argument
@@ -115,7 +129,13 @@ def loss_scores(
     return scores
 
 
-SCORES = {"loss": loss_scores, "mass": mass_scores, "gate": gate_scores, "retrieval": retrieval_scores}
+SCORES = {
+    "loss": loss_scores,
+    "mass": mass_scores,
+    "gate": gate_scores,
+    "retrieval": retrieval_scores,
+    "gate_tasks": task_gate_scores,
+}
 
 
 def score_named(name: str) -> Callable[..., torch.Tensor]:

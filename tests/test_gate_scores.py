@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
+from hf_attn import ruler
 from hf_attn.gate_scores import (
     GATED_ATTENTION,
     Gating,
@@ -19,6 +20,8 @@ from hf_attn.gate_scores import (
     needle_attention,
     retrieval_scores,
     retrieval_text,
+    task_gate_scores,
+    task_text,
     train_gates,
 )
 
@@ -153,6 +156,65 @@ def test_retrieval_text_hides_passkeys_and_recalls_them_at_the_end():
     assert recalled.count("passkey?") == 4 and "What is the third passkey? The third passkey is:" in recalled
     copying = (text.source[0] >= 0).nonzero()[:, 0]
     assert (text.ids[0][copying + 1] == text.ids[0][text.source[0][copying]]).all()
+
+
+@pytest.fixture(scope="module")
+def gpt2_tokenizer():
+    return AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer")
+
+
+def calibration_blocks(tokenizer, rows: int, width: int) -> torch.Tensor:
+    text = open(SHARED / "wikitext-2-raw" / "wiki.valid.raw").read()[: 6 * rows * width]
+    return tokenizer(text, return_tensors="pt").input_ids[:, : rows * width].view(rows, width)
+
+
+def test_task_text_teaches_every_ruler_task_its_answer(gpt2_tokenizer):
+    """Each sample is a RULER prompt with its answer after it, the answer marked for recall; essay needles hide in
+    the calibration text, not in the evaluation's test split."""
+    blocks = calibration_blocks(gpt2_tokenizer, 2, 1024)
+    text = task_text(blocks, gpt2_tokenizer, samples_per_task=1)
+    assert text.ids.shape == text.recall.shape == text.source.shape == (len(ruler.TASKS), 1024)
+    assert (text.source == -1).all()  # no copy targets: the gates compare hidden states only
+    calibration_words = set(gpt2_tokenizer.decode(blocks.flatten()).split())
+    for task, ids, recall in zip(ruler.TASKS, text.ids, text.recall, strict=True):
+        record = ruler.generate(task, gpt2_tokenizer, 1024 - ruler.TASKS[task].max_new_tokens, 1, 0,
+                                essay_text=gpt2_tokenizer.decode(blocks.flatten()))[0]  # fmt: skip
+        answer = gpt2_tokenizer.decode(ids[recall])
+        assert ruler.score(task, [answer], [record["outputs"]]) == 100  # every reference string, and only the answer
+        positions = recall.nonzero()[:, 0]
+        assert (positions == torch.arange(positions[0], positions[-1] + 1)).all()  # one span
+        prompt = gpt2_tokenizer.decode(ids[: positions[0]])
+        assert prompt == record["input"] + record["answer_prefix"]
+        assert (ids[positions[-1] + 1 :] == gpt2_tokenizer.eos_token_id).all()  # padded on the right
+        if getattr(ruler.TASKS[task], "haystack", None) == "essay":
+            haystack = set(record["input"].split()) - set(ruler.NIAH_TEMPLATE.split())
+            assert len(haystack & calibration_words) > 0.8 * len(haystack)
+    again = task_text(blocks, gpt2_tokenizer, samples_per_task=1)
+    assert torch.equal(again.ids, text.ids) and torch.equal(again.recall, text.recall)
+
+
+def test_task_text_refuses_unknown_tasks_and_blocks_too_short(gpt2_tokenizer):
+    blocks = calibration_blocks(gpt2_tokenizer, 1, 256)
+    with pytest.raises(ValueError, match=r"`tasks` must be some of \['niah_single_1'.*got \['qa_1'\]"):
+        task_text(blocks, gpt2_tokenizer, tasks=["niah_single_1", "qa_1"])
+    with pytest.raises(ValueError, match="`samples_per_task` must be an int >= 1, got 0"):
+        task_text(blocks, gpt2_tokenizer, samples_per_task=0)
+    with pytest.raises(ValueError, match="Calibration blocks of 256 tokens are too short for vt"):
+        task_text(blocks, gpt2_tokenizer, tasks=["vt"])
+    with pytest.raises(ValueError, match="`tokenizer` is required"):
+        task_gate_scores(tiny("llama"), blocks, local_window=4, sink_tokens=0, batch_size=1, unit="kv_group")
+
+
+def test_task_gates_train_on_the_answers(gpt2_tokenizer):
+    """A tiny Llama's gates on every task: every gate moves off 1 (the L1 pull) and stays in [0, 1]."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=1024)).eval()  # fmt: skip
+    blocks = calibration_blocks(gpt2_tokenizer, 1, 1024)
+    gates = task_gate_scores(model, blocks, local_window=8, sink_tokens=4, batch_size=2, unit="kv_group",
+                             tokenizer=gpt2_tokenizer, steps=4)  # fmt: skip
+    assert gates.shape == (2, 2) and (gates >= 0).all() and (gates < 1).all()
 
 
 def known_retrieval_text(num_rows: int, seed: int) -> RetrievalText:

@@ -262,6 +262,8 @@ def test_bad_inputs_are_refused_with_what_is_allowed(tokenizer, tmp_path):
         ruler.generate("niah_single_2", tokenizer, 1024, 1)
     with pytest.raises(ValueError, match="`haystack_dir` must hold wiki.test.raw"):
         ruler.generate("niah_multivalue", tokenizer, 1024, 1, haystack_dir=tmp_path)
+    with pytest.raises(ValueError, match="'niah_single_3' hides its needles in essay text, but `essay_text` holds no"):
+        ruler.generate("niah_single_3", tokenizer, 1024, 1, essay_text=" \n")
     with pytest.raises(ValueError, match=r"'cwe' cannot fill 140000 tokens: with all 8166 of its haystack units"):
         ruler.generate("cwe", tokenizer, 140_000, 1)  # wonderwords' words make about 110K GPT-2 tokens
     with pytest.raises(ValueError, match="`num_samples` must be >= 1, got 0"):
