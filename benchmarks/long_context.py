@@ -31,7 +31,8 @@ measured on a GPU and the timing on an idle CPU, the reports made from both reco
     python -m benchmarks.long_context MODEL --device cuda --passkey_batch_size 20 --timing_only   # idle CPU
     python -m benchmarks.long_context MODEL --device cuda --passkey_batch_size 20 --stored_only   # the reports
 
-Writes OUTPUT_DIR/NAME/{results.json, results.md, long_context.png}.
+`--scores_only` computes the scores' records alone (OUTPUT_DIR/NAME/scores/), for benchmarks that rank groups by
+them (`benchmarks.ruler --layout-dir`). Writes OUTPUT_DIR/NAME/{results.json, results.md, long_context.png}.
 """
 
 import argparse
@@ -115,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "an idle machine, so it may run later, apart, into the same --output_dir")  # fmt: skip
     only.add_argument("--timing_only", action="store_true", help="time every shape on the CPU, nothing else, no "
                       "report")  # fmt: skip
+    only.add_argument("--scores_only", action="store_true", help="the scores' records (scores/) alone, for other "
+                      "benchmarks to rank groups by (benchmarks.ruler --layout-dir): no passkey, perplexity, timing "
+                      "or report")  # fmt: skip
     only.add_argument("--stored_only", action="store_true", help="measure nothing: results.json and the reports "
                       "from the records in --output_dir, made elsewhere (quality on a GPU, say, timing on an idle "
                       "CPU)")  # fmt: skip
@@ -211,10 +215,8 @@ def run(args) -> dict:
     for window, sinks, score in configurations(args):
         ranking = None
         if score != "random":
-            compute = functools.partial(score_groups, score, model, calibration, window, sinks, args, tokenizer)
-            scores[f"{score}-k{window}-s{sinks}"] = record = measured_here(
-                folder / "scores" / f"{score}-k{window}-s{sinks}.json", settings_of(args, SCORE_SETTINGS), compute
-            )
+            scores[f"{score}-k{window}-s{sinks}"] = record = ranked(args, model, tokenizer, calibration, window,
+                                                                    sinks, score)  # fmt: skip
             ranking = record["scores"]
         for fraction in args.fractions:
             for seed in args.random_seeds if score == "random" else [None]:
@@ -240,6 +242,13 @@ def run(args) -> dict:
         "machine": {"load_average": os.getloadavg(), "torch": describe_machine("cpu"),
                     "quality": rows[0].get("device", describe_machine("cpu"))},
     }  # fmt: skip
+
+
+def ranked(args, model, tokenizer, calibration: torch.Tensor, window: int, sinks: int, score: str) -> dict:
+    """The record of `score` for (k, S): stored in OUTPUT_DIR/NAME/scores/, else computed and stored there."""
+    compute = functools.partial(score_groups, score, model, calibration, window, sinks, args, tokenizer)
+    path = output_folder(args) / "scores" / f"{score}-k{window}-s{sinks}.json"
+    return measured(path, settings_of(args, SCORE_SETTINGS), compute, stored_only=args.stored_only)
 
 
 def time_shapes(model, args, folder: Path) -> dict[str, dict]:
@@ -269,6 +278,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.timing_only:
         timing = time_shapes(load(args.model, args.dtype)[0], args, output_folder(args))
         print(json.dumps({shape: {name: pair[name] for name in TIMING_RATIOS} for shape, pair in timing.items()}))
+        return
+    if args.scores_only:
+        model, tokenizer = load(args.model, args.dtype, args.device)
+        calibration = wikitext_blocks(args, tokenizer)[0]
+        for window, sinks, score in configurations(args):
+            if score != "random":
+                seconds = ranked(args, model, tokenizer, calibration, window, sinks, score)["score_seconds"]
+                print(f"{score}-k{window}-s{sinks}: {seconds / 60:.1f} min", flush=True)
         return
     result = run(args)
     folder = output_folder(args)

@@ -190,6 +190,15 @@ def test_benchmark_end_to_end_on_a_tiny_llama_then_resumes(tmp_path, tokenizer, 
     with pytest.raises(SystemExit, match="k4-s2-f0.5-gate.json is missing"):
         long_context.main([*argv, *one_shape, "--stored_only"])
 
+    # The scores alone, for other benchmarks to rank groups by: new records in scores/, nothing else written.
+    stamps = {path: path.stat().st_mtime_ns for path in folder.rglob("*") if path.is_file()}
+    long_context.main([*argv, "--scores", "gate", "retrieval", "--scores_only"])
+    written = {path for path in folder.rglob("*") if path.is_file()} - set(stamps)
+    assert {path.relative_to(folder).as_posix() for path in written} == {"scores/retrieval-k4-s0.json",
+                                                                          "scores/retrieval-k4-s2.json"}  # fmt: skip
+    assert all(path.stat().st_mtime_ns == stamp for path, stamp in stamps.items())  # gate's kept, as all the rest
+    assert len(json.loads(next(iter(written)).read_text())["scores"]) == 2  # (layers, groups)
+
 
 def test_batched_passkeys_answer_as_one_at_a_time(tokenizer):
     """Prompts of one length generated together (a GPU's fastest) give each prompt's greedy continuation."""
