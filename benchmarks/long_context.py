@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--local_windows", type=int, nargs="+", default=[64, 256], help="k: previous tokens a local head sees")
     add("--sink_tokens", type=int, nargs="+", default=[0, 4], help="first tokens local heads also see")
     add("--fractions", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="shares of key/value groups made local")
-    add("--scores", nargs="+", choices=SCORE_NAMES, default=list(SCORE_NAMES), help="what ranks the groups")
+    add("--scores", nargs="+", choices=SCORE_NAMES, default=[n for n in SCORE_NAMES if n != "gate_tasks"],
+        help="what ranks the groups (default: all but gate_tasks, which needs hf_attn[ruler]'s words)")  # fmt: skip
     add("--random_seeds", type=int, nargs="+", default=[0, 1, 2], help="the random layouts' seeds")
     add("--calibration_blocks", type=int, default=4, help="WikiText-2 validation blocks the scores read")
     add("--calibration_block_size", type=int, default=1024)
