@@ -375,6 +375,22 @@ def configurations(args) -> list[Config]:
     return configs
 
 
+# What each score reads of its calibration text (`hf_attn.select_heads`).
+CALIBRATED_ON = {"loss": "the language-modelling loss on", "mass": "attention weights on",
+                 "gate": "passkeys hidden in", "retrieval": "passkeys hidden in",
+                 "gate_tasks": "these tasks' templates (2 samples of each, seed 0) around"}  # fmt: skip
+
+
+def calibration(path: Path) -> str:
+    """What a stored score was calibrated on and what it cost, from its `benchmarks.long_context` record."""
+    record = json.loads(path.read_text())
+    settings, score = record["settings"], path.name.split("-k")[0]
+    text = "WikiText-2 validation text" if settings["data_dir"] else "WikiText-2 train text (the Hub's)"
+    return (f"{score}: {CALIBRATED_ON.get(score, 'its calibration on')} {settings['calibration_blocks']} blocks of "
+            f"{settings['calibration_block_size']:,} tokens of {text}, "
+            f"{record['score_seconds'] / 60:.1f} min in {settings['dtype']} on {settings['device']}")  # fmt: skip
+
+
 def apply_layout(model, config: Config, args) -> dict:
     """Hybridizes `model` to `config` (the unmodified model stays as loaded); what layout.json says of it."""
     if config == UNMODIFIED:
@@ -387,7 +403,7 @@ def apply_layout(model, config: Config, args) -> dict:
     original = original_cache_bytes_per_token(model.config)
     groups = model.config.num_hidden_layers * num_key_value_heads(model.config)
     local = local_groups(layout, model.config)
-    ranked = f"at random (seed {config.seed})" if path is None else f"ranked by {path}"
+    ranked = f"at random (seed {config.seed})" if path is None else f"ranked by {path} ({calibration(path)})"
     return {"name": config.name, "kv_share": cache_bytes_per_token(model.config) / original,
             "kv_share_at": {str(length): cache_bytes_per_token(model.config, context_tokens=length) / original
                             for length in args.lengths},

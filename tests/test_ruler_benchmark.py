@@ -271,4 +271,21 @@ def test_smollm2_unmodified_and_hybridized_are_predicted_and_scored(tmp_path):
             assert prediction["index"] == 0 and isinstance(prediction["pred"], str) and prediction["outputs"]
             assert 0 <= prediction["others"]["new_tokens"] <= ruler.TASKS[task].max_new_tokens
     assert rows["k64-s4-f0.5-gate"]["kv_share"] == 0.5 and rows["k64-s4-f0.5-gate"]["meets_targets"] is not None
+    assert ("(gate: passkeys hidden in 4 blocks of 1,024 tokens of WikiText-2 validation text, "
+            in result["layouts"]["k64-s4-f0.5-gate"]["description"])  # fmt: skip
     assert (tmp_path / "pred" / "k64-s4-f0.5-gate" / "1024" / "summary.csv").read_text().startswith("0,1,2,3\n")
+
+
+def test_a_layout_says_what_its_score_was_calibrated_on(tmp_path):
+    record = {"scores": [[0.0]], "score_seconds": 90.0, "settings": {"data_dir": "wikitext-2-raw", "dtype": "bfloat16",
+              "device": "cpu", "calibration_blocks": 4, "calibration_block_size": 1024}}  # fmt: skip
+    (tmp_path / "gate_tasks-k64-s4.json").write_text(json.dumps(record))
+    assert ruler_benchmark.calibration(tmp_path / "gate_tasks-k64-s4.json") == (
+        "gate_tasks: these tasks' templates (2 samples of each, seed 0) around 4 blocks of 1,024 tokens of WikiText-2 "
+        "validation text, 1.5 min in bfloat16 on cpu"
+    )
+    hub = record | {"settings": record["settings"] | {"data_dir": None}}
+    (tmp_path / "loss-k64-s0.json").write_text(json.dumps(hub))
+    assert "the language-modelling loss on 4 blocks of 1,024 tokens of WikiText-2 train text (the Hub's)" in (
+        ruler_benchmark.calibration(tmp_path / "loss-k64-s0.json")
+    )
