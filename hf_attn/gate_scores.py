@@ -120,7 +120,7 @@ def task_text(calibration_ids: torch.Tensor, tokenizer, samples_per_task: int = 
     """`samples_per_task` samples of each of RULER's synthetic `tasks` (default: all, `ruler.TASKS`), each a prompt of
     at most T - the task's `max_new_tokens` tokens and its answer (`", ".join(outputs)`), right-padded to T, the
     width of `calibration_ids` (N, T). The essay tasks' haystack is the calibration text itself, decoded, so neither
-    it nor the seed is the evaluation's; `recall` marks the answer."""
+    it nor the seed is the evaluation's. `recall` marks the positions whose next token is the answer's."""
     from . import ruler  # RULER's words need `wonderwords` (hf_attn[ruler]); the passkey scores do not
 
     check_count("samples_per_task", samples_per_task, 1)
@@ -146,7 +146,7 @@ def task_text(calibration_ids: torch.Tensor, tokenizer, samples_per_task: int = 
                 raise ValueError(f"A {task} sample's answer takes {len(answer)} tokens, more than the room its "
                                  f"{len(prompt)}-token prompt leaves in {width}: use longer blocks")  # fmt: skip
             padding = width - len(prompt) - len(answer)
-            recall = [False] * len(prompt) + [True] * len(answer) + [False] * padding
+            recall = [False] * (len(prompt) - 1) + [True] * len(answer) + [False] * (padding + 1)
             samples.append((torch.tensor(prompt + answer + [pad] * padding), torch.tensor(recall),
                             torch.full((width,), -1)))  # fmt: skip
     return RetrievalText(*(torch.stack(parts) for parts in zip(*samples, strict=True)))

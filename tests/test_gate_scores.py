@@ -179,13 +179,14 @@ def test_task_text_teaches_every_ruler_task_its_answer(gpt2_tokenizer):
     for task, ids, recall in zip(ruler.TASKS, text.ids, text.recall, strict=True):
         record = ruler.generate(task, gpt2_tokenizer, 1024 - ruler.TASKS[task].max_new_tokens, 1, 0,
                                 essay_text=gpt2_tokenizer.decode(blocks.flatten()))[0]  # fmt: skip
-        answer = gpt2_tokenizer.decode(ids[recall])
-        assert ruler.score(task, [answer], [record["outputs"]]) == 100  # every reference string, and only the answer
-        positions = recall.nonzero()[:, 0]
+        positions = recall.nonzero()[:, 0]  # those that predict the answer: the prompt's last, then the answer's
         assert (positions == torch.arange(positions[0], positions[-1] + 1)).all()  # one span
-        prompt = gpt2_tokenizer.decode(ids[: positions[0]])
+        answer = gpt2_tokenizer.decode(ids[positions + 1])
+        assert ruler.score(task, [answer], [record["outputs"]]) == 100  # every reference string, and only the answer
+        prompt = gpt2_tokenizer.decode(ids[: positions[0] + 1])
         assert prompt == record["input"] + record["answer_prefix"]
-        assert (ids[positions[-1] + 1 :] == gpt2_tokenizer.eos_token_id).all()  # padded on the right
+        assert (ids[positions[-1] + 2 :] == gpt2_tokenizer.eos_token_id).all()  # padded on the right
+        assert answer == (" " if not record["answer_prefix"].endswith(" ") else "") + ", ".join(record["outputs"]) + "."
         if getattr(ruler.TASKS[task], "haystack", None) == "essay":
             haystack = set(record["input"].split()) - set(ruler.NIAH_TEMPLATE.split())
             assert len(haystack & calibration_words) > 0.8 * len(haystack)
