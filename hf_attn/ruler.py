@@ -397,15 +397,14 @@ def generate(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_sam
     essay: Sequence[str] = ()
     if isinstance(config, NeedleTask) and config.haystack == "essay":
         if essay_text is not None:
-            essay = tuple(essay_text.split())
+            if not (essay := tuple(essay_text.split())):
+                raise ValueError(f"{task!r} hides its needles in essay text, but `essay_text` holds no words")
         elif haystack_dir is None:
             raise ValueError(f"{task!r} hides its needles in essay text: pass `haystack_dir`, a folder holding "
                              f"{ESSAY_FILE} (WikiText-2 raw, e.g. ../shared/data/wikitext-2-raw), or "
                              "`essay_text`")  # fmt: skip
         else:
             essay = _essay_words(Path(haystack_dir).resolve())
-        if not essay:
-            raise ValueError(f"{task!r} hides its needles in essay text, but `essay_text` holds no words")
 
     def count(prompt: _Prompt) -> int:
         return len(tokenizer(prompt.input + prompt.answer_prefix, verbose=False).input_ids)
