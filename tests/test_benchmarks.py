@@ -643,3 +643,34 @@ def test_allocators_benchmark_refuses_an_allocator_that_is_missing_or_was_not_lo
     with pytest.raises(RuntimeError, match="jemalloc was not loaded"):
         allocators.main(["--quick", "--allocators", "jemalloc", "--output-dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_revision_speed_times_both_revisions_beside_the_unmodified_model_in_alternating_order(tmp_path):
+    """Two rounds on a tiny Llama against HEAD: each round has a record of all three, in reversed order the second
+    time, and the revision timed is the commit named (from `git archive`, not the working tree); a name that is no
+    commit is refused before anything loads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks import revision_speed
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    output = tmp_path / "speed.json"
+    revision_speed.main(["HEAD", "--model", str(tmp_path / "tiny"), "--local_windows", "4", "--sink_tokens", "1",
+                         "--rounds", "2", "--prefill_context", "24", "--timing_context", "40", "--decode_steps", "4",
+                         "--threads", "1", "--output", str(output)])  # fmt: skip
+    result = json.loads(output.read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result["revision"] == head.stdout.strip()
+    (shape,) = result["shapes"].values()
+    orders = [list(record) for record in shape["rounds"]]
+    assert orders == [["unmodified", "current", "revision"], ["revision", "current", "unmodified"]]
+    for record in shape["rounds"]:
+        assert all(run["prefill_seconds"] > 0 and run["decode_ms"] > 0 for run in record.values())
+        assert (
+            record["current"]["cache_bytes"] == record["revision"]["cache_bytes"] < record["unmodified"]["cache_bytes"]
+        )
+    assert set(shape) == {"rounds", "prefill_seconds", "decode_ms"}
+    with pytest.raises(SystemExit, match="revision must name a commit"):
+        revision_speed.main(["no-such-revision", "--model", str(tmp_path / "tiny"), "--output", str(output)])
