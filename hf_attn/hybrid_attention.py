@@ -238,22 +238,40 @@ def local_heads_with_sinks(
     last = min(num_queries + heads.local_window, *(length - first for length in lengths))
     kept_keys, kept_values = ({kind: first_and_last(x, first, last) for kind, x in states.items()}
                               for states in (keys, values))  # fmt: skip
-    visible = None
+    visible = key_mask = None
     if attention_mask is not None:
-        visible = local_visible(first_and_last(attention_mask.bool(), first, last, dim=-1), heads.visibility)
+        kept_mask = first_and_last(attention_mask.bool(), first, last, dim=-1)
+        key_mask = left_padding_only(kept_mask)
+        if key_mask is None:
+            visible = local_visible(kept_mask, heads.visibility)
     # One new token seeing itself sees every key kept: the sinks and its window.
-    sees_every_key = visible is None and num_queries == 1 and heads.visibility.attend_to_self
+    sees_every_key = attention_mask is None and num_queries == 1 and heads.visibility.attend_to_self
     outputs = []
     for index, q, k, v in reads("local", query, kept_keys, kept_values, heads):
         if sees_every_key:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling,
                                                  enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
         elif visible is None:
-            out = local_attention(q, k, v, heads.visibility, None, scaling, dropout)
+            out = local_attention(q, k, v, heads.visibility, key_mask, scaling, dropout)
         else:
             out = masked_sdpa(q, k, v, visible, scaling, dropout, enable_gqa=k.shape[1] != q.shape[1])
         outputs.append((index, out))
     return outputs
+
+
+def left_padding_only(mask: torch.Tensor) -> torch.Tensor | None:
+    """(B, S) bool, the keys that are not padding, when `mask` (B, 1, T, S) is causal order over them and nothing
+    else, every row's padding on its left (as `generate` pads a batch); else None. Counted along such a mask, a
+    window and sinks are counted by position from each row's first real key, as the chunked kernel counts them with
+    a key mask: O(T * (k + s)) rather than a count over the whole (T, S) mask."""
+    if mask.dim() != 4 or mask.shape[1] != 1:
+        return None
+    num_queries, num_keys = mask.shape[-2:]
+    real = mask[:, 0, -1]  # the newest query, never padding on the left, sees every real key
+    if not bool((real[:, 1:] >= real[:, :-1]).all()):
+        return None
+    causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=mask.device).tril(num_keys - num_queries)
+    return real if torch.equal(mask[:, 0], causal & real[:, None, :]) else None
 
 
 def first_and_last(x: torch.Tensor, first: int, last: int, dim: int = -2) -> torch.Tensor:

@@ -138,10 +138,11 @@ def local_visible(visible: torch.Tensor, visibility: Visibility) -> torch.Tensor
     index or position, so it holds for a static cache's slots, a cache that keeps sinks apart from its window, left
     padding and packed sequences alike."""
     visible = visible.bool()
-    from_query = visible.flip(-1).cumsum(-1).flip(-1)  # visible keys from here to the last: 1 at the query itself
+    up_to_here = visible.cumsum(-1, dtype=torch.int32)  # visible keys from the first to here (one pass, no flips)
+    from_query = up_to_here[..., -1:] - up_to_here + visible  # visible keys from here to the last: 1 at the query
     seen = from_query <= visibility.local_window + 1
     if visibility.sink_tokens:
-        seen = seen | (visible.cumsum(-1) <= visibility.sink_tokens)
+        seen = seen | (up_to_here <= visibility.sink_tokens)
     if not visibility.attend_to_self:
         seen = seen & (from_query > 1)
     return visible & seen

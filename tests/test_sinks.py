@@ -480,3 +480,56 @@ def test_own_models_decode_with_sinks_from_a_static_cache_as_the_whole_sequence(
 def test_own_models_generate_with_sinks_compiled_and_static_as_by_recomputing(model_type):
     ids, mask = batch(length=8)
     assert_compiled_static_greedy_equals_recomputing(own_model(model_type), ids % 50, mask)
+
+
+def causal_over(real: torch.Tensor, num_queries: int) -> torch.Tensor:
+    """(B, 1, T, S): query i (the newest T of S tokens) sees key j <= its own position where `real` (B, S) is True,
+    written out by loops."""
+    batch_size, num_keys = real.shape
+    mask = torch.zeros(batch_size, 1, num_queries, num_keys, dtype=torch.bool)
+    for b in range(batch_size):
+        for i in range(num_queries):
+            for j in range(num_keys - num_queries + i + 1):
+                mask[b, 0, i, j] = bool(real[b, j])
+    return mask
+
+
+@pytest.mark.parametrize("num_queries", [7, 1])  # a prompt; a decoding step over cached keys
+def test_only_a_left_padded_causal_mask_gives_the_kernel_a_key_mask(num_queries):
+    """Left padding (as `generate` pads) is causal order over each row's real keys, which the chunked kernel counts
+    by position as the mask would along itself; right padding, packed rows and per-head masks are counted along
+    the mask instead."""
+    from hf_attn.hybrid_attention import left_padding_only
+
+    real = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(left_padding_only(causal_over(real, num_queries)), real)
+    right = real.flip(-1)
+    assert left_padding_only(causal_over(right, num_queries)) is None
+    if num_queries > 1:  # one query's contiguous keys are the same whether padding or another sequence precede them
+        packed = causal_over(torch.ones_like(real), num_queries)
+        positions = torch.arange(9 - num_queries, 9)
+        packed[:, :, positions >= 4, :4] = False  # a second sequence from key 4 on
+        assert left_padding_only(packed) is None
+    assert left_padding_only(causal_over(real, num_queries).expand(2, 4, -1, -1)) is None
+
+
+def test_left_padded_prefill_of_local_heads_with_sinks_makes_no_whole_count(monkeypatch):
+    """A left-padded batch's local heads with sinks never count along the whole (T, S) mask (`local_visible`), and
+    still equal the naive reference."""
+    import hf_attn.hybrid_attention as hybrid_attention
+
+    counted, count = [], hybrid_attention.local_visible
+
+    def counting(*args):
+        counted.append(args[0].shape)
+        return count(*args)
+
+    monkeypatch.setattr(hybrid_attention, "local_visible", counting)
+    family = FAMILIES[0]
+    twin = tiny(family)
+    twin.set_attn_implementation(NAIVE_SINKS)
+    ids, mask = batch(length=24)
+    expected = twin(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    got = with_sinks(family)(ids, attention_mask=mask, position_ids=positions_of(mask)).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert counted == []
