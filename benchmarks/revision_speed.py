@@ -52,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--decode_steps", type=int, default=32, help="timed greedy steps (the first two are warm-up)")
     add("--rounds", type=int, default=5, help="rounds of one process per revision and shape, plus the unmodified")
     add("--threads", type=int, default=2, help="torch threads of every process")
-    add("--output", default="outputs/revision_speed.json", help="where the records go (JSON)")
+    add("--output", default="outputs/revision_speed/results.json", help="where the records go (JSON; results.md "
+        "beside it)")  # fmt: skip
     args = parser.parse_args(argv)
     problems = [f"--{name} must be >= {low}, got {getattr(args, name)}"
                 for name, low in [("rounds", 1), ("threads", 1), ("prefill_context", 1), ("decode_steps", 3)]
@@ -139,11 +140,14 @@ def main(argv: list[str] | None = None) -> None:
     result["machine"]["after"], result["seconds"] = machine_load(), time.perf_counter() - start
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
-    print(report(result))
+    Path(args.output).with_name("results.md").write_text(text := report(result))
+    print(text)
 
 
 def report(result: dict) -> str:
     lines = [
+        "# This checkout against an earlier revision",
+        "",
         f"Now: {result['code']['commit']}{' with uncommitted changes' if result['code']['uncommitted'] else ''}; "
         f"then: {result['revision'][:12]}. Medians over rounds (min-max); < 1: less time.",
         "",
@@ -157,7 +161,7 @@ def report(result: dict) -> str:
                 lines.append(f"| {shape} | {key} | " + " | ".join(cells) + " |")
     lines += ["", f"{result['seconds'] / 60:.1f} min; `uptime` before: `{result['machine']['before']['uptime']}`, "
               f"after: `{result['machine']['after']['uptime']}`"]  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

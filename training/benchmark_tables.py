@@ -13,6 +13,7 @@ from benchmarks import (
     hybrid_tradeoff,
     long_context,
     positional_conversion,
+    revision_speed,
     ruler,
     serving,
     serving_http,
@@ -29,7 +30,8 @@ from training.committed_results import (
 
 # Each one-run benchmark's module, by the name of its generated block.
 ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "hybrid-speed": hybrid_speed,
-                   "allocators": allocators, "ruler": ruler}  # fmt: skip
+                   "allocators": allocators, "ruler": ruler,
+                   "revision-speed": revision_speed}  # fmt: skip
 
 
 def hybrid_pretraining_text() -> str:
