@@ -122,3 +122,8 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    # Every output is written and the group destroyed; on a loaded 2-core machine gloo's threads have still aborted
+    # the interpreter's own exit ("terminate called without an active exception", SIGABRT) in C++ destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
