@@ -279,6 +279,15 @@ def glibc_heap() -> dict[str, int] | None:
     return {"heap_bytes": info.arena, "heap_in_use_bytes": info.uordblks, "mapped_bytes": info.hblkhd}
 
 
+def release_free_heap() -> None:
+    """glibc's free heap pages handed back to the system (`malloc_trim(0)`), so that a resident baseline read next
+    holds no free memory a later trim could take it below; nothing where glibc's allocator is not in use."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def measured_or_stored(args, argv: list[str], measure, describe) -> dict:
     """With --report the stored results.json, else `measure(args, argv)`'s, written there (and OUTPUT_DIR/runs/, where
     a resumable benchmark keeps each model's record until then, removed); results.md from it (`describe`), printed.

@@ -1,6 +1,7 @@
 """The benchmarks run end to end at a tiny shape, their figures behave as the head kinds say, the masked-SDPA
 baseline computes our attention, and the GPU runner keeps to its plan and budget."""
 
+import ctypes
 import itertools
 import json
 import os
@@ -592,17 +593,21 @@ def test_a_preloaded_library_counts_only_when_the_process_mapped_it(monkeypatch)
 
 
 def test_glibc_heap_counts_what_it_maps_apart_from_the_heap():
-    """64 MiB is above glibc's largest mmap threshold (32 MiB): malloc maps it on its own, and mallinfo2 counts it
-    there, not in the heap."""
+    """A block above glibc's largest mmap threshold (32 MiB), and larger than all the heap holds free (else malloc
+    may serve it from there), is mapped on its own, and mallinfo2 counts it there, not in the heap."""
     from benchmarks.common import glibc_heap
 
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
     before = glibc_heap()
     assert before is not None and before["heap_bytes"] >= before["heap_in_use_bytes"] > 0
-    block = bytearray(64 * 2**20)
+    size = 64 * 2**20 + before["heap_bytes"] - before["heap_in_use_bytes"]
+    block = libc.malloc(size)  # untouched: mapped, not resident
     after = glibc_heap()
-    assert after["mapped_bytes"] - before["mapped_bytes"] >= len(block)
+    libc.free(block)
+    assert block and after["mapped_bytes"] - before["mapped_bytes"] >= size
     assert abs(after["heap_in_use_bytes"] - before["heap_in_use_bytes"]) < 2**20
-    del block
 
 
 def test_allocators_benchmark_measures_each_model_under_each_allocator_and_rewrites_its_report(tmp_path, monkeypatch):
