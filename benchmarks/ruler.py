@@ -27,9 +27,10 @@ the data file's sha256, samples, --keep-inputs) is skipped; files are written wh
 interrupted task leaves no file or a stale one, and is redone. Then the report.
 
 report: OUT/results.json (per length and layout: each task's score and nulls, the average, the average as a share
-of the unmodified model's, the worst task's drop from it, the KV share) and OUT/results.md (a table per length, the
-project's targets judged per row: at half the cache, the RULER average at least 95% of the unmodified model's and no
-task more than 10 points below it).
+of the unmodified model's, the worst task's drop from it, the KV share; per KV budget, the hybridized layouts beside
+kvpress's presses) and OUT/results.md (a table per length, the project's targets judged per row: at half the cache,
+the RULER average at least 95% of the unmodified model's and no task more than 10 points below it; then a row per KV
+budget: the best hybridized layout against the best press, and whether it is ahead of every press).
 
 Why a command of its own, not lm-evaluation-harness tasks: lm-eval loads each model itself, so each layout would
 have to be a saved checkpoint loaded through `import hf_attn`; here one loaded model is hybridized to every layout
@@ -551,6 +552,34 @@ def row(results: dict[str, dict], reference: dict[str, dict] | None, layout: dic
     return figures | {"average_share": share, "worst_task": worst, "worst_drop": drops[worst], "meets_targets": meets}
 
 
+def budget_level(kv_share: float) -> str:
+    """The KV budget a share belongs to, to the nearest 0.05: one budget for a layout and a press whose head counts
+    round 0.25 of the groups differently (0.744 and 0.756 of the cache)."""
+    return f"{round(kv_share * 20) / 20:.2f}"
+
+
+def budgets(rows: dict[str, dict], layouts: dict[str, dict]) -> dict[str, dict]:
+    """Hybridized layouts (`config` in layout.json) beside kvpress's presses (`runner`) at each KV budget below the
+    whole cache, the rows with every task of the unmodified model's only: each kind best first, and the best
+    hybridized layout's average less the best press's (`ahead`: above every press; None where a kind is missing)."""
+    tasks = set(rows.get(UNMODIFIED.name, {}).get("scores", {}))
+    grouped: dict[str, dict[str, list]] = {}
+    for name, figures in rows.items():
+        kind = "presses" if layouts[name].get("runner") else "hybridized" if layouts[name].get("config") else None
+        share = figures["kv_share"]
+        if kind and share is not None and share < 1 and set(figures["scores"]) == tasks:
+            group = grouped.setdefault(budget_level(share), {"hybridized": [], "presses": []})
+            group[kind].append({"name": name, "average": figures["average"], "kv_share": share})
+    table = {}
+    for level, group in sorted(grouped.items(), key=lambda item: -float(item[0])):
+        for entries in group.values():
+            entries.sort(key=lambda entry: -entry["average"])
+        both = group["hybridized"] and group["presses"]
+        margin = group["hybridized"][0]["average"] - group["presses"][0]["average"] if both else None
+        table[level] = group | {"margin": margin, "ahead": None if margin is None else margin > 0}
+    return table
+
+
 def runs_of(folder: Path) -> dict:
     """What the run records say of a layout's predictions: devices, dtypes, seconds, `uptime` first and last."""
     records = sorted((record for path in folder.glob("*/*.run.json") if (record := read_json(path))),
@@ -572,14 +601,15 @@ def results(folder: Path, argv: list[str]) -> dict:
     layouts = {name: read_json(folder / "pred" / name / "layout.json") or {"name": name} for name in names}
     lengths = sorted({path.name for name in names for path in (folder / "pred" / name).iterdir()
                       if path.is_dir() and path.name.isdigit()}, key=int)  # fmt: skip
-    table = {}
+    table, by_budget = {}, {}
     for length in lengths:
         per_layout = {name: task_results(pred_folder(folder, name, int(length))) for name in names}
         per_layout = {name: figures for name, figures in per_layout.items() if figures}
         reference = per_layout.get(UNMODIFIED.name)
         table[length] = {name: row(figures, reference, layouts[name], length) for name, figures in per_layout.items()}
+        by_budget[length] = budgets(table[length], layouts)
     data = read_json(folder / "data" / "generation.json") or {}
-    return {"command": shlex.join(["python", "-m", "benchmarks.ruler", *argv]), "lengths": table,
+    return {"command": shlex.join(["python", "-m", "benchmarks.ruler", *argv]), "lengths": table, "budgets": by_budget,
             "layouts": {name: {key: value for key, value in layout.items() if key != "head_layout"}
                         for name, layout in layouts.items()},
             "runs": {name: runs_of(folder / "pred" / name) for name in names},
@@ -630,6 +660,25 @@ def length_table(length: str, rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def budget_table(length: str, levels: dict[str, dict]) -> list[str]:
+    if not levels:
+        return []
+    header = ["KV share", "best hybridized layout", "average", "best press", "average", "difference (points)",
+              "hybridized ahead of every press", "every row, best first"]  # fmt: skip
+    lines = [f"### {int(length):,} tokens: hybridized layouts beside kvpress's presses, by KV budget", "",
+             "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]  # fmt: skip
+    for level, group in levels.items():
+        best = [(group[kind][0]["name"], number(group[kind][0]["average"])) if group[kind] else ("-", "-")
+                for kind in ("hybridized", "presses")]  # fmt: skip
+        everyone = sorted(group["hybridized"] + group["presses"], key=lambda entry: -entry["average"])
+        ahead = {True: "yes", False: "**no**", None: "n/a"}[group["ahead"]]
+        cells = [level, *best[0], *best[1], "-" if group["margin"] is None else f"{group['margin']:+.2f}", ahead,
+                 ", ".join(f"{entry['name']} {number(entry['average'])}" for entry in everyone)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", "Rows with every task of the unmodified model's, grouped by their KV share at long context "
+            "to the nearest 0.05; n/a: a budget without a hybridized layout or without a press.", ""]  # fmt: skip
+
+
 def report(result: dict) -> str:
     """results.md: a table per length, then what each layout is and where and how long it ran."""
     seeds, tokenizers = ", ".join(map(str, result["data"]["seeds"])), ", ".join(result["data"]["tokenizers"])
@@ -640,7 +689,7 @@ def report(result: dict) -> str:
              f"length, local heads' windows and sinks counted). Data: seed {seeds or 'n/a'}, lengths counted in "
              f"the tokens of {tokenizers or 'n/a'}.", ""]  # fmt: skip
     for length, rows in result["lengths"].items():
-        lines += length_table(length, rows)
+        lines += length_table(length, rows) + budget_table(length, result["budgets"].get(length, {}))
     lines += ["Layouts:", ""]
     for name, layout in result["layouts"].items():
         run = result["runs"].get(name) or {}

@@ -129,8 +129,9 @@ def test_a_rerun_skips_complete_task_files_and_redoes_broken_or_stale_ones(tmp_p
     assert fake.calls == [task for task in TASKS for _ in range(2)] * 2
 
 
-def write_predictions(folder: Path, layout: str, scores: list[int], kv_share: float | None) -> None:
-    """100 records per task of TASKS + cwe, the first `score` answered right, the others with nothing."""
+def write_predictions(folder: Path, layout: str, scores: list[int], kv_share: float | None, **record) -> None:
+    """100 records per task of TASKS + cwe, the first `score` answered right, the others with nothing; layout.json
+    with `kv_share` and `record`'s keys."""
     for task, score in zip([*TASKS, "cwe"], scores, strict=True):
         outputs = ["alpha", "beta"]
         records = [{"index": i, "pred": " ".join(outputs) if i < score else "", "input": "", "outputs": outputs,
@@ -139,7 +140,7 @@ def write_predictions(folder: Path, layout: str, scores: list[int], kv_share: fl
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(record) + "\n" for record in records))
     if kv_share is not None:
-        (folder / "pred" / layout / "layout.json").write_text(json.dumps({"kv_share": kv_share}))
+        (folder / "pred" / layout / "layout.json").write_text(json.dumps({"kv_share": kv_share, **record}))
 
 
 def test_report_judges_the_targets_per_row(tmp_path):
@@ -168,6 +169,36 @@ def test_report_judges_the_targets_per_row(tmp_path):
     assert "| e-from-another-runner | 96 | 96 | 96 | 96 | 96.0% | 4 (niah_single_2) | n/a | yes |" in report
     assert "a RULER average at least 95% of the unmodified model's and no task more than 10 points below" in report
     assert "Samples per task: 100." in report
+
+
+def test_report_sets_hybridized_layouts_beside_presses_at_each_kv_budget(tmp_path):
+    ours, press = {"config": {"local_window": 64}}, {"runner": "benchmarks/kvpress/run_presses.py"}
+    write_predictions(tmp_path, "unmodified", [100, 100, 100], 1.0)
+    write_predictions(tmp_path, "kvpress-no_press", [100, 100, 100], 1.0, **press)  # the whole cache: no budget
+    write_predictions(tmp_path, "k64-f0.5", [90, 90, 90], 0.5, **ours)
+    write_predictions(tmp_path, "k256-f0.5", [95, 95, 95], 0.5, **ours)
+    write_predictions(tmp_path, "kvpress-duo-0.5", [99, 93, 90], 0.5, **press)  # 94
+    write_predictions(tmp_path, "k64-f0.25", [98, 98, 98], 68 / 90, **ours)  # 0.756 and 0.744: one budget
+    write_predictions(tmp_path, "kvpress-snapkv-0.25", [100, 100, 100], 67 / 90, **press)
+    write_predictions(tmp_path, "kvpress-knorm-0.75", [10, 10, 10], 0.25, **press)
+    write_predictions(tmp_path, "k64-f0.75-unfinished", [100, 100, 100], 0.25, **ours)
+    (tmp_path / "pred" / "k64-f0.75-unfinished" / "4096" / "cwe.jsonl").unlink()
+    write_predictions(tmp_path, "from-another-runner", [100, 100, 100], 0.5)  # neither kind: left out
+    ruler_benchmark.main(["report", "--output-dir", str(tmp_path)])
+    levels = json.loads((tmp_path / "results.json").read_text())["budgets"]["4096"]
+    assert list(levels) == ["0.75", "0.50", "0.25"]
+    names = {level: [[entry["name"] for entry in group[kind]] for kind in ("hybridized", "presses")]
+             for level, group in levels.items()}  # fmt: skip
+    assert names == {"0.75": [["k64-f0.25"], ["kvpress-snapkv-0.25"]],
+                     "0.50": [["k256-f0.5", "k64-f0.5"], ["kvpress-duo-0.5"]],
+                     "0.25": [[], ["kvpress-knorm-0.75"]]}  # fmt: skip
+    margins = {level: (group["margin"], group["ahead"]) for level, group in levels.items()}
+    assert margins == {"0.75": (pytest.approx(-2), False), "0.50": (pytest.approx(1), True), "0.25": (None, None)}
+    report = (tmp_path / "results.md").read_text()
+    assert ("| 0.50 | k256-f0.5 | 95 | kvpress-duo-0.5 | 94 | +1.00 | yes | k256-f0.5 95, kvpress-duo-0.5 94, "
+            "k64-f0.5 90 |") in report  # fmt: skip
+    assert "| 0.75 | k64-f0.25 | 98 | kvpress-snapkv-0.25 | 100 | -2.00 | **no** |" in report
+    assert "| 0.25 | - | - | kvpress-knorm-0.75 | 10 | - | n/a | kvpress-knorm-0.75 10 |" in report
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "serving-http": lambda: one_run_text("serving-http"),
     "hybrid-speed": lambda: one_run_text("hybrid-speed"),
     "allocators": lambda: one_run_text("allocators"),
-    "ruler": lambda: one_run_text("ruler").replace("\n## ", "\n### "),
+    "ruler": lambda: one_run_text("ruler").replace("\n### ", "\n#### ").replace("\n## ", "\n### "),
     "revision-speed": lambda: one_run_text("revision-speed"),
     "gpt2-pretraining": gpt2_pretraining_text,
     "gpt2-learning-rate": gpt2_learning_rate_table,
