@@ -24,7 +24,8 @@ SmolLM2-135M-Instruct, whose template adds a system turn). `plain` is the defaul
 passkeys. `--batch-size` prompts of one task and length are padded on the left and generated together. Resumable:
 a task whose prediction file is complete for its settings (model, layout, dtype, device, prompt format, batch size,
 the data file's sha256, samples, --keep-inputs) is skipped; files are written whole (a temporary file renamed), so an
-interrupted task leaves no file or a stale one, and is redone. Then the report.
+interrupted task leaves no file or a stale one, and is redone. After a layout's tasks at L, its continuation
+perplexity on `--ppl-blocks` blocks of L tokens (kept likewise). Then the report.
 
 report: OUT/results.json (per length and layout: each task's score and nulls, the average, the average as a share
 of the unmodified model's, the worst task's drop from it, the KV share; per KV budget, the hybridized layouts beside
@@ -61,6 +62,10 @@ reads the same data/ files and writes the same pred/ files, which `report` then 
   unmodified model's, null if unknown), `kv_share_at` ({"L": the share the cache holds at L tokens, windows and sinks
   counted}), `description`; from this runner also `config`, `head_layout`, `local_groups`, `groups`, `scores_file`.
   Optional for another runner: without it the report's KV share is "n/a".
+- OUT/pred/{layout}/{L}/continuation.json (`--ppl-blocks` > 0): WikiText-2 perplexity of a continuation over the
+  context's cache (`benchmarks.continuation`, the same measure kvpress's runner takes of a press): `perplexity`,
+  `nll`, `scored_tokens`, `blocks`, `block_tokens`, `context_tokens`, `tokens_sha256`, and the run's `settings`,
+  `started`, `seconds`, `device`, `machine`.
 - OUT/pred/{layout}/{L}/{task}.run.json: this runner's own resume record (settings, sha256 of the prediction file,
   start time, seconds, device, `uptime` before and after); another runner leaves it out.
 The report reads every OUT/pred/{layout}/{L}/{task}.jsonl (`pred` and `outputs`), layout.json where there is one,
@@ -85,6 +90,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
+from benchmarks import continuation
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
@@ -105,6 +111,7 @@ SIZES = {
     "fractions": ([0.5], [0.5]),
     "scores": (["gate", "retrieval"], ["random"]),
     "batch_size": (1, 2),
+    "ppl_blocks": (continuation.BLOCKS, 2),
     "threads": (None, 1),  # --quick: on a busy 2-core machine one thread decodes the tiny model 20x faster than two
     "output_dir": ("outputs/ruler", "outputs/ruler-quick"),
 }
@@ -158,6 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, help="prompts of one task and length generated together, padded on the left "
         "(default 1, --quick 2)")  # fmt: skip
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--ppl-blocks", type=int, help=f"WikiText-2 test blocks of L tokens for the continuation perplexity "
+        f"(benchmarks/continuation.py; default {continuation.BLOCKS}, --quick 2; 0: none)")  # fmt: skip
+    add("--ppl-text", help="the continuation perplexity's text (default: --haystack-dir's wiki.test.raw)")
     add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record (RULER "
         "does; default '': the data file has it, and 11 tasks x 8K-token inputs per layout add up)")  # fmt: skip
     add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer at 1024 tokens, 2 samples, a "
@@ -183,6 +193,7 @@ def finish_arguments(args: argparse.Namespace) -> None:
         args.tokenizer = args.tokenizer or (QUICK_TOKENIZER if args.quick else args.model)
         args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
         args.given_model = given_model
+        args.ppl_text = args.ppl_text or str(Path(args.haystack_dir) / "wiki.test.raw")
     elif args.command == "generate":
         args.tokenizer = args.tokenizer or MODEL
 
@@ -193,7 +204,7 @@ def argument_problems(args) -> list[str]:
     if args.command == "report":
         return [] if (folder / "pred").is_dir() else [f"--output-dir must hold pred/ (written by `python -m "
                                                       f"benchmarks.ruler run`), got {folder}"]  # fmt: skip
-    minimums = {"samples": 1} | ({"batch_size": 1, "threads": 1} if args.command == "run" else {})
+    minimums = {"samples": 1} | ({"batch_size": 1, "threads": 1, "ppl_blocks": 0} if args.command == "run" else {})
     problems = [problem.replace("_", "-") for problem in below_minimums(args, minimums, prefix="--")]
     longest = max(ruler.TASKS[task].max_new_tokens for task in args.tasks)
     if min(args.lengths) <= longest:
@@ -220,6 +231,9 @@ def run_problems(args) -> list[str]:
         problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     elif args.device.startswith("cuda") and not torch.cuda.is_available():
         problems.append(f"--device {args.device} needs a GPU that torch sees; use cpu")
+    if args.ppl_blocks and not Path(args.ppl_text).is_file():
+        problems.append(f"--ppl-text must be a text file (WikiText-2's wiki.test.raw) for --ppl-blocks "
+                        f"{args.ppl_blocks}, got {args.ppl_text}")  # fmt: skip
     if args.quick and args.given_model:
         problems.append("--quick makes its own tiny model: drop --model")
     for window, sinks, score in itertools.product(args.local_windows, args.sink_tokens, args.scores):
@@ -335,9 +349,9 @@ def model_answers(model, tokenizer, prompt_format: str, records: list[dict]) -> 
                                   eos_token_id=sorted(eos) or None, pad_token_id=pad)  # fmt: skip
     output = model.generate(input_ids, attention_mask=attention_mask, generation_config=generation)
     answers = []
-    for prompt, continuation in zip(ids, output[:, width:].tolist(), strict=True):
-        cut = next((i for i, token in enumerate(continuation) if token in eos), len(continuation))
-        answers.append({"pred": tokenizer.decode(continuation[:cut], skip_special_tokens=True),
+    for prompt, generated in zip(ids, output[:, width:].tolist(), strict=True):
+        cut = next((i for i, token in enumerate(generated) if token in eos), len(generated))
+        answers.append({"pred": tokenizer.decode(generated[:cut], skip_special_tokens=True),
                         "prompt_tokens": len(prompt), "new_tokens": cut})  # fmt: skip
     return answers
 
@@ -453,13 +467,28 @@ def predict_task(answer, records: list[dict], folder: Path, task: str, settings:
           flush=True)  # fmt: skip
 
 
+def measure_continuation(model, blocks: torch.Tensor, out: Path, layout: dict, args) -> None:
+    """OUT/continuation.json: the layout's continuation perplexity (`benchmarks.continuation`), kept where its
+    settings are the same."""
+    settings = {"model": args.model, "tokenizer": args.tokenizer, "head_layout": layout.get("head_layout"),
+                "config": layout["config"], "dtype": args.dtype, "device": args.device, "text": args.ppl_text,
+                "blocks": args.ppl_blocks}  # fmt: skip
+    record, new = continuation.measured(out / continuation.FILE, settings,
+                                        functools.partial(continuation.measure, model, blocks), machine_load,
+                                        describe_machine(args.device))  # fmt: skip
+    done = f"in {record['seconds']:.1f} s" if new else "kept"
+    print(f"{out / 'continuation'}: perplexity {record['perplexity']:.2f}, {done}", flush=True)
+
+
 def run_suite(args) -> None:
-    """Every layout's predictions (skipping complete ones) and summaries."""
+    """Every layout's predictions (skipping complete ones), summaries and continuation perplexity."""
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(args.output_dir)
     model, tokenizer = load(args)
     answer = functools.partial(model_answers, model, tokenizer, args.prompt_format)
+    blocks = functools.cache(functools.partial(continuation.wikitext_blocks, tokenizer, Path(args.ppl_text),
+                                               count=args.ppl_blocks))  # fmt: skip
     for config in configurations(args):
         layout, path = apply_layout(model, config, args), folder / "pred" / config.name / "layout.json"
         layout["kv_share_at"] = (read_json(path) or {}).get("kv_share_at", {}) | layout["kv_share_at"]  # all lengths
@@ -479,6 +508,8 @@ def run_suite(args) -> None:
                     continue
                 predict_task(answer, records, out, task, settings, args)
             write_summary(out)
+            if args.ppl_blocks:
+                measure_continuation(model, blocks(length=length), out, layout, args)
 
 
 # --- scores --------------------------------------------------------------------------------------------------------
@@ -607,6 +638,9 @@ def results(folder: Path, argv: list[str]) -> dict:
         per_layout = {name: figures for name, figures in per_layout.items() if figures}
         reference = per_layout.get(UNMODIFIED.name)
         table[length] = {name: row(figures, reference, layouts[name], length) for name, figures in per_layout.items()}
+        for name, figures in table[length].items():
+            if record := read_json(pred_folder(folder, name, int(length)) / continuation.FILE):
+                figures["continuation"] = {key: record[key] for key in CONTINUATION_KEYS}
         by_budget[length] = budgets(table[length], layouts)
     data = read_json(folder / "data" / "generation.json") or {}
     return {"command": shlex.join(["python", "-m", "benchmarks.ruler", *argv]), "lengths": table, "budgets": by_budget,
@@ -620,6 +654,9 @@ def results(folder: Path, argv: list[str]) -> dict:
             "code": code_version(), "machine": machine_load(),
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                          "python": sys.version.split()[0]}}  # fmt: skip
+
+
+CONTINUATION_KEYS = ("perplexity", "blocks", "block_tokens", "context_tokens", "scored_tokens", "tokens_sha256")
 
 
 def number(value: float | None) -> str:
@@ -641,15 +678,42 @@ def verdict(figures: dict) -> str:
     return {True: "yes", False: "**no**", None: "n/a"}[figures["meets_targets"]]
 
 
+def perplexity_cell(figures: dict, reference: dict | None) -> str:
+    """The continuation perplexity, and its change against the unmodified model's where both read the same blocks."""
+    if "continuation" not in figures:
+        return "-"
+    mine, theirs = figures["continuation"], (reference or {}).get("continuation")
+    if figures is reference or not theirs or theirs["tokens_sha256"] != mine["tokens_sha256"]:
+        return f"{mine['perplexity']:.2f}"
+    return f"{mine['perplexity']:.2f} ({mine['perplexity'] / theirs['perplexity'] - 1:+.1%})"
+
+
+def continuation_note(rows: dict[str, dict]) -> list[str]:
+    records = [figures["continuation"] for figures in rows.values() if "continuation" in figures]
+    if not records:
+        return []
+    shapes = sorted({(r["blocks"], r["block_tokens"], r["context_tokens"]) for r in records})
+    read = "; ".join(f"{blocks} blocks of {size:,} tokens, the first {context:,} the context"
+                     for blocks, size, context in shapes)  # fmt: skip
+    differ = len({r["tokens_sha256"] for r in records}) > 1
+    return [f"Continuation perplexity (benchmarks/continuation.py): WikiText-2 test, {read}; each later token after "
+            f"the first predicted over the context's cache as the layout or press leaves it; in brackets, against "
+            f"the unmodified model's" + (" (**the rows' blocks differ**: their tokens' sha256 are not all the same)."
+                                         if differ else "."), ""]  # fmt: skip
+
+
 def length_table(length: str, rows: dict[str, dict]) -> list[str]:
     tasks = [task for task in ruler.TASKS if any(task in figures["scores"] for figures in rows.values())]
-    header = ["layout", *tasks, "average", "/ unmodified", "worst drop (points)", "KV share", "targets met"]
+    perplexity = any("continuation" in figures for figures in rows.values())
+    header = ["layout", *tasks, "average", "/ unmodified", "worst drop (points)",
+              *(["continuation perplexity"] if perplexity else []), "KV share", "targets met"]  # fmt: skip
     lines = [f"## {int(length):,} tokens", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for name, figures in rows.items():
         share = figures.get("average_share")
         worst = f"{number(figures['worst_drop'])} ({figures['worst_task']})" if "worst_task" in figures else "-"
         cells = [name, *(number(figures["scores"][task]) if task in figures["scores"] else "-" for task in tasks),
-                 number(figures["average"]), "-" if share is None else f"{share:.1%}", worst, kv_cell(figures),
+                 number(figures["average"]), "-" if share is None else f"{share:.1%}", worst,
+                 *([perplexity_cell(figures, rows.get(UNMODIFIED.name))] if perplexity else []), kv_cell(figures),
                  verdict(figures)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     samples = sorted({n for figures in rows.values() for n in figures["samples"]})
@@ -657,7 +721,7 @@ def length_table(length: str, rows: dict[str, dict]) -> list[str]:
               f"{TARGET_AVERAGE:.0%} of the unmodified model's and no task more than {TARGET_DROP:g} points below "
               f"it; n/a: a row keeping more than half the cache, or lacking a task. Samples per task: "
               f"{', '.join(map(str, samples))}.", ""]  # fmt: skip
-    return lines
+    return lines + continuation_note(rows)
 
 
 def budget_table(length: str, levels: dict[str, dict]) -> list[str]:

@@ -4,16 +4,23 @@ path and fed answers as the pipeline would give them. `benchmarks.ruler`'s repor
 our layouts: their scores, the KV share from their layout.json, the targets' verdict. Also: its context/question
 split of RULER's records (kvpress's), its summary.csv byte for byte ours, and its argument errors naming the flag."""
 
+import argparse
+import contextlib
+import dataclasses
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
+from benchmarks import continuation
 from benchmarks import ruler as ruler_benchmark
 from hf_attn import ruler
+from tests.test_continuation import LENGTH, TINY, kept_context_nll, tiny_llama
 
 ROOT = Path(__file__).parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -206,3 +213,43 @@ def test_duo_attentions_kv_share_is_what_its_retrieval_and_streaming_heads_keep(
     )
     description = record["description"]
     assert "22 of the model's 90 key/value heads" in description and "masked (not freed)" in description
+
+
+@dataclasses.dataclass
+class KeepLastPress:
+    """A stand-in for a kvpress press (a dataclass, as they are): `press(model)` is a context manager during which
+    the base model's forward passes are watched; on leaving it, the cache they filled keeps its last KEEP tokens."""
+
+    keep: int
+
+    @contextlib.contextmanager
+    def __call__(self, model):
+        caches = []
+        hook = model.model.register_forward_pre_hook(
+            lambda module, args, kwargs: caches.append(kwargs[continuation.cache_keyword(model)]), with_kwargs=True
+        )
+        try:
+            yield
+        finally:
+            hook.remove()
+            for layer in caches[-1].layers:
+                layer.keys, layer.values = layer.keys[:, :, -self.keep :], layer.values[:, :, -self.keep :]
+
+
+def test_the_continuation_perplexity_is_read_under_the_press_into_a_fresh_cache_per_block(tmp_path, capsys,
+                                                                                        monkeypatch):  # fmt: skip
+    monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
+    model, generator = tiny_llama(False), torch.Generator().manual_seed(3)
+    blocks = torch.randint(0, TINY["vocab_size"], (2, LENGTH), generator=generator)
+    args = argparse.Namespace(model="m.gguf", tokenizer=None, dtype="float32", device="cpu", ppl_text="t.raw",
+                              ppl_blocks=2)  # fmt: skip
+    run_presses.measure_continuation(KeepLastPress(12), model, blocks, tmp_path, args)
+    record = json.loads((tmp_path / continuation.FILE).read_text())
+    expected = sum(kept_context_nll(model, block, 12) for block in blocks)
+    assert record["perplexity"] == pytest.approx(math.exp(expected / record["scored_tokens"]), rel=1e-5)
+    assert record["settings"]["press"] == "KeepLastPress(keep=12)" and record["settings"]["blocks"] == 2
+    run_presses.measure_continuation(KeepLastPress(12), model, blocks, tmp_path, args)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(", kept")  # the same settings: not measured again
+    run_presses.measure_continuation(None, model, blocks, tmp_path / "no_press", args)
+    whole = json.loads((tmp_path / "no_press" / continuation.FILE).read_text())
+    assert whole["perplexity"] < record["perplexity"] and whole["settings"]["press"] == "None"

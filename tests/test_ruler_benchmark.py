@@ -85,7 +85,7 @@ def test_generate_writes_the_records_of_hf_attn_ruler_byte_for_byte_and_leaves_t
 
 
 def test_right_answers_score_100_and_none_0_in_summary_and_report(tmp_path, fake):
-    ruler_benchmark.main(quick(tmp_path, "--tasks", *TASKS))
+    ruler_benchmark.main(quick(tmp_path, "--tasks", *TASKS, "--ppl-blocks", "0"))
     assert fake.calls == TASKS * 2  # 2 samples in one batch of 2, per task and layout
     right = (tmp_path / "pred" / "unmodified" / "1024" / "summary.csv").read_text()
     assert right == "0,1,2,3\nTasks,niah_single_2,vt,average\nScore,100.0,100.0,100.0\nNulls,0/2,0/2,0/4\n"
@@ -201,6 +201,28 @@ def test_report_sets_hybridized_layouts_beside_presses_at_each_kv_budget(tmp_pat
     assert "| 0.25 | - | - | kvpress-knorm-0.75 | 10 | - | n/a | kvpress-knorm-0.75 10 |" in report
 
 
+def test_report_sets_the_continuation_perplexity_beside_the_unmodified_models(tmp_path):
+    write_predictions(tmp_path, "unmodified", [100, 100, 100], 1.0)
+    write_predictions(tmp_path, "a-local", [100, 100, 100], 0.5)
+    write_predictions(tmp_path, "b-other-blocks", [100, 100, 100], 0.5)
+    write_predictions(tmp_path, "c-not-measured", [100, 100, 100], 0.5)
+    for name, perplexity, tokens in (("unmodified", 20.0, "s1"), ("a-local", 22.0, "s1"), ("b-other-blocks", 21.0,
+                                                                                            "s2")):  # fmt: skip
+        record = {"perplexity": perplexity, "blocks": 8, "block_tokens": 4096, "context_tokens": 3072,
+                  "scored_tokens": 8 * 1023, "tokens_sha256": tokens, "nll": 0.0}  # fmt: skip
+        (tmp_path / "pred" / name / "4096" / "continuation.json").write_text(json.dumps(record))
+    ruler_benchmark.main(["report", "--output-dir", str(tmp_path)])
+    report = (tmp_path / "results.md").read_text()
+    assert "| unmodified | 100 | 100 | 100 | 100 | - | - | 20.00 | 1.00 | - |" in report
+    assert "| a-local | 100 | 100 | 100 | 100 | 100.0% | 0 (niah_single_2) | 22.00 (+10.0%) | 0.50 | yes |" in report
+    assert "| b-other-blocks | 100 | 100 | 100 | 100 | 100.0% | 0 (niah_single_2) | 21.00 | 0.50 | yes |" in report
+    assert "| c-not-measured | 100 | 100 | 100 | 100 | 100.0% | 0 (niah_single_2) | - | 0.50 | yes |" in report
+    assert "WikiText-2 test, 8 blocks of 4,096 tokens, the first 3,072 the context;" in report
+    assert "(**the rows' blocks differ**: their tokens' sha256 are not all the same)." in report
+    rows = json.loads((tmp_path / "results.json").read_text())["lengths"]["4096"]
+    assert rows["a-local"]["continuation"]["perplexity"] == 22.0 and "continuation" not in rows["c-not-measured"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -208,6 +230,9 @@ def test_report_sets_hybridized_layouts_beside_presses_at_each_kv_budget(tmp_pat
         (["run", "--local-windows", "0"], "--local-windows must all be >= 1, got [0]"),
         (["run", "--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
         (["run", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["run", "--ppl-blocks", "-1"], "--ppl-blocks must be >= 0, got -1"),
+        (["run", "--ppl-text", "/tmp/no-text.raw"], "--ppl-text must be a text file (WikiText-2's wiki.test.raw) for "
+                                                    "--ppl-blocks 8, got /tmp/no-text.raw"),
         # argparse's choices: the allowed values follow (quoted or not, by Python version)
         (["run", "--tasks", "qa_1"], ("argument --tasks: invalid choice: 'qa_1' (choose from ", "niah_single_1",
                                       "fwe")),
@@ -274,6 +299,14 @@ def test_quick_runs_end_to_end_with_a_tiny_llama(tmp_path, tokenizer):
     assert layout["kv_share"] == 0.5 and layout["local_groups"] == 2 and layout["groups"] == 4
     report = (tmp_path / "results.md").read_text()
     assert "| unmodified |" in report and f"| {HYBRID} |" in report
+    records = [json.loads((tmp_path / "pred" / name / "1024" / "continuation.json").read_text())
+               for name in ("unmodified", HYBRID)]  # fmt: skip
+    assert [(r["blocks"], r["block_tokens"], r["context_tokens"], r["scored_tokens"]) for r in records] == [
+        (2, 1024, 768, 2 * 255)
+    ] * 2
+    assert records[0]["tokens_sha256"] == records[1]["tokens_sha256"] and 1 < records[0]["perplexity"]
+    change = records[1]["perplexity"] / records[0]["perplexity"] - 1
+    assert f"| {records[1]['perplexity']:.2f} ({change:+.1%}) | 0.50 (" in report
     # The one model call, against itself: two prompts padded together give what each gives alone.
     args = ruler_benchmark.parse_args(quick(tmp_path))
     model, _ = ruler_benchmark.load(args)
@@ -290,7 +323,7 @@ def test_smollm2_unmodified_and_hybridized_are_predicted_and_scored(tmp_path):
     folder, lengths, tasks = str(tmp_path), ["--lengths", "1024"], ["--tasks", "niah_single_1", "vt"]
     ruler_benchmark.main(["generate", *lengths, *tasks, "--samples", "1", "--output-dir", folder])
     ruler_benchmark.main(["run", *lengths, *tasks, "--local-windows", "64", "--scores", "gate", "--threads", "1",
-                          "--layout-dir", str(LAYOUT_DIR), "--output-dir", folder])  # fmt: skip
+                          "--ppl-blocks", "2", "--layout-dir", str(LAYOUT_DIR), "--output-dir", folder])  # fmt: skip
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["lengths"]["1024"]
     assert list(rows) == ["unmodified", "k64-s4-f0.5-gate"]
@@ -302,6 +335,10 @@ def test_smollm2_unmodified_and_hybridized_are_predicted_and_scored(tmp_path):
             assert prediction["index"] == 0 and isinstance(prediction["pred"], str) and prediction["outputs"]
             assert 0 <= prediction["others"]["new_tokens"] <= ruler.TASKS[task].max_new_tokens
     assert rows["k64-s4-f0.5-gate"]["kv_share"] == 0.5 and rows["k64-s4-f0.5-gate"]["meets_targets"] is not None
+    # WikiText-2 read by a trained model: a perplexity of tens (its vocabulary has 49,152 tokens), a little higher
+    # with half the groups seeing 64 tokens and 4 sinks.
+    unmodified, hybridized = (rows[name]["continuation"]["perplexity"] for name in rows)
+    assert 5 < unmodified < hybridized < 2 * unmodified
     assert ("(gate: passkeys hidden in 4 blocks of 1,024 tokens of WikiText-2 validation text, "
             in result["layouts"]["k64-s4-f0.5-gate"]["description"])  # fmt: skip
     assert (tmp_path / "pred" / "k64-s4-f0.5-gate" / "1024" / "summary.csv").read_text().startswith("0,1,2,3\n")

@@ -72,10 +72,15 @@ counted, plus the question and the generated tokens, over all of them, summed ov
 `kv_share` is 1 - s, s = round(r x heads) / heads its share of streaming heads (kvpress rounds; heads: layers x
 key/value heads), what it keeps at long context; at C context tokens it keeps 1 - s (1 - 384 / C) of them (kvpress's
 `compression_ratio_` is s (1 - 384 / C)), which `kv_share_at` measures with the question and the answer counted; the
-masked keys are not freed. Not run: WikiText-2 perplexity (a press keeps the prefill exact, so one forward pass over
-a text scores exactly the unmodified model; only kvpress's DecodingPress compresses as it goes, which would take a
-token-by-token pass over the text) and passkeys (`benchmarks.ruler` writes no passkey task into OUT/data;
-benchmarks.long_context's are its own).
+masked keys are not freed.
+
+Perplexity: a press keeps the prefill exact, so one forward pass over a text scores exactly as the unmodified model
+does. After each layout's tasks at L, OUT/pred/{layout}/{L}/continuation.json holds `benchmarks/continuation.py`'s
+measure instead (`--ppl-blocks` blocks of L tokens of `--ppl-text`, WikiText-2's test split; 0: none): each block's
+first three quarters prefilled under the press into a fresh DynamicCache, as the pipeline prefills a context, the
+last quarter read over what the press kept; `benchmarks.ruler run` takes the same measure of a hybridized layout.
+Passkeys: RULER's niah_single_1 is the passkey task (a number hidden in repeated filler); benchmarks.long_context's
+passkey prompts are not written into OUT/data.
 
 Files, as benchmarks/ruler.py's docstring (the contract) describes them: OUT/pred/{layout}/{L}/{task}.jsonl,
 OUT/pred/{layout}/{L}/summary.csv, OUT/pred/{layout}/layout.json (with this runner's `press`, `versions`, `runs`).
@@ -95,10 +100,14 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for benchmarks/continuation.py
+from benchmarks import continuation  # noqa: E402  (torch alone: no hf_attn, no transformers)
 
 # RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
 NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
@@ -147,6 +156,7 @@ DUO_CHUNKS = 50  # duo_attention_on_the_fly's num_samples: the BookSum chapters 
 # (213,886 words) makes 50 chunks of ~4,300 words (~5,300 SmolLM2 tokens); a shorter file, fewer chunks.
 DUO_MIN_WORDS = 2500
 DUO_SINK, DUO_RECENT = 128, 256  # DuoAttentionPress's streaming heads with on_the_fly_scoring
+PPL_TEXT = "../shared/data/wikitext-2-raw/wiki.test.raw"  # as benchmarks.ruler's --ppl-text
 OFFLINE_MISSING = {
     "fastkvzip": "FastKVzipPress downloads its trained gates from the Hub (Jang-Hyun/Fast-KVzip), per model",
     "lukv": "LUKVPress downloads its budget curves over HTTP, for Llama-3.1-8B only",
@@ -162,6 +172,7 @@ SIZES = {
     "samples": (None, 2),  # None: every record of the data
     "presses": (DEFAULT_PRESSES, ["streaming_llm", "adakv_snapkv"]),
     "ratios": ([0.25, 0.5, 0.75], [0.5]),
+    "ppl_blocks": (continuation.BLOCKS, 2),
     "threads": (None, 1),
     "output_dir": ("outputs/ruler", "outputs/ruler-quick"),
 }
@@ -431,6 +442,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"drawn as kvpress draws BookSum's chapters (pandas' sample, random_state 42): kvpress's num_samples "
         f"(default {DUO_CHUNKS}, every chunk; fewer for a smoke run: 22-75 s a chunk for SmolLM2-135M on a busy "
         "CPU)")  # fmt: skip
+    add("--ppl-blocks", type=int, help=f"WikiText-2 test blocks of L tokens for the continuation perplexity "
+        f"(benchmarks/continuation.py; default {continuation.BLOCKS}, --quick 2; 0: none)")  # fmt: skip
+    add("--ppl-text", default=PPL_TEXT, help=f"the continuation perplexity's text (default {PPL_TEXT})")
     add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record")
     add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer on outputs/ruler-quick's "
         "data: 2 samples of 2 tasks at 1024 tokens, 2 presses at ratio 0.5; the plumbing, not the scores")  # fmt: skip
@@ -454,6 +468,11 @@ def argument_problems(args: argparse.Namespace, given_model: str | None) -> list
     problems = [f"--{name} must be >= 1, got {value}" for name, value in (("samples", args.samples),
                 ("threads", args.threads), ("duo-samples", args.duo_samples))
                 if value is not None and value < 1]  # fmt: skip
+    if args.ppl_blocks < 0:
+        problems.append(f"--ppl-blocks must be >= 0, got {args.ppl_blocks}")
+    elif args.ppl_blocks and not Path(args.ppl_text).is_file():
+        problems.append(f"--ppl-text must be a text file (WikiText-2's wiki.test.raw) for --ppl-blocks "
+                        f"{args.ppl_blocks}, got {args.ppl_text}")  # fmt: skip
     if any(not 0 < ratio < 1 for ratio in args.ratios):
         problems.append(f"--ratios must all be in (0, 1) (no_press is the uncompressed reference), got {args.ratios}")
     longest = max(TASKS[task] for task in args.tasks)
@@ -630,12 +649,40 @@ def describe_machine(device: str) -> str:
     return f"torch {torch.__version__}, {where}"
 
 
+def calibrate(press: object | None, name: str, model, layout: str) -> None:
+    """DuoAttention's head scores on MODEL, once: outside the tasks' seconds (kvpress's pipeline would calibrate at
+    its first record, inside the answer, whose token hook would then read the calibration's forward passes as
+    generated tokens; later records and ratios reuse kvpress's cached scores)."""
+    if name == "duo_attention" and press.streaming_mask is None:
+        start = time.perf_counter()
+        press.post_init_from_model(model)
+        print(f"{layout}: head scores in {time.perf_counter() - start:.1f} s (kvpress's on-the-fly calibration, "
+              "cached for the next ratios)", flush=True)  # fmt: skip
+
+
+def measure_continuation(press: object | None, model, blocks, out: Path, args: argparse.Namespace) -> None:
+    """OUT/continuation.json: the continuation perplexity (benchmarks/continuation.py), each block's context
+    prefilled under the press into a fresh DynamicCache as the pipeline prefills a context; kept where its settings
+    are the same."""
+    from transformers import DynamicCache
+
+    settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
+                "device": args.device, "text": args.ppl_text, "blocks": args.ppl_blocks,
+                "versions": versions()}  # fmt: skip
+    compressing = (lambda: None) if press is None else functools.partial(press, model)
+    measuring = functools.partial(continuation.measure, model, blocks, compressing, DynamicCache)
+    record, new = continuation.measured(out / continuation.FILE, settings, measuring, machine_load,
+                                        describe_machine(args.device))  # fmt: skip
+    done = f"in {record['seconds']:.1f} s" if new else "kept"
+    print(f"{out / 'continuation'}: perplexity {record['perplexity']:.2f}, {done}", flush=True)
+
+
 def run_press(answer: Callable[[dict, object | None], dict], press: object | None, name: str, ratio: float | None,
-              args: argparse.Namespace, kv_heads: int | None = None, model=None) -> None:  # fmt: skip
-    """One layout: every length and task (complete ones kept), summaries, then layout.json. DuoAttention calibrates
-    on MODEL before its first task that runs, outside the tasks' seconds (kvpress's pipeline would at its first
-    record, inside the answer, whose token hook would then read the calibration's forward passes as generated
-    tokens; later records and ratios reuse kvpress's cached scores)."""
+              args: argparse.Namespace, kv_heads: int | None = None, model=None,
+              blocks: Callable[[int], object] | None = None) -> None:  # fmt: skip
+    """One layout: every length and task (complete ones kept), summaries, the continuation perplexity (BLOCKS: the
+    blocks of a length), then layout.json. DuoAttention calibrates on MODEL before its first task or perplexity
+    that runs."""
     layout, folder = layout_name(name, ratio), Path(args.output_dir)
     for length in args.lengths:
         out = pred_folder(folder, layout, length)
@@ -648,11 +695,7 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
             if complete(out, task, settings):
                 print(f"{out / task}: complete, kept", flush=True)
                 continue
-            if name == "duo_attention" and press.streaming_mask is None:
-                start = time.perf_counter()
-                press.post_init_from_model(model)
-                print(f"{layout}: head scores in {time.perf_counter() - start:.1f} s (kvpress's on-the-fly "
-                      "calibration, cached for the next ratios)", flush=True)  # fmt: skip
+            calibrate(press, name, model, layout)
             before, started, start = machine_load(), time.time(), time.perf_counter()
             answers = [answer(record, press) for record in records]
             run = {"started": started, "seconds": time.perf_counter() - start, "device": describe_machine(args.device),
@@ -662,6 +705,9 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
             print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
                   flush=True)  # fmt: skip
         write_summary(out)
+        if args.ppl_blocks:
+            calibrate(press, name, model, layout)
+            measure_continuation(press, model, blocks(length), out, args)
     record = layout_record(folder / "pred" / layout, name, ratio, None if press is None else repr(press), kv_heads)
     write_whole(folder / "pred" / layout / "layout.json", json.dumps(record, indent=1) + "\n")
 
@@ -685,11 +731,13 @@ def main(argv: list[str] | None = None) -> None:
     args.effective_format = "chat" if tokenizer.chat_template is not None else "plain"
     answer = answerer(model, tokenizer)
     kv_heads = model.config.num_hidden_layers * model.config.num_key_value_heads
+    blocks = functools.cache(lambda length: continuation.wikitext_blocks(tokenizer, Path(args.ppl_text), length,
+                                                                         args.ppl_blocks))  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         for name in (name for name in args.presses if name in PRESSES):
             for ratio in [None] if name == "no_press" else args.ratios:
                 press = press_for(name, ratio, model, tokenizer, Path(scratch), args)
-                run_press(answer, press, name, ratio, args, kv_heads, model)
+                run_press(answer, press, name, ratio, args, kv_heads, model, blocks)
     print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
 
 
