@@ -140,9 +140,9 @@ PRESSES: dict[str, Callable] = {
     "kvzip": lambda kvpress, ratio: kvpress.KVzipPress(compression_ratio=ratio),
     # RATIO is DuoAttention's head_compression_ratio, the share of key/value heads made streaming (kvpress's
     # evaluate.py's reading of the ratio); CALIBRATION: the folder whose `calibration_texts` stand in for BookSum's
-    # chapters; SAMPLES: how many of them kvpress draws (its num_samples).
-    "duo_attention": lambda kvpress, ratio, calibration, samples: wikitext_duo_attention()(
-        head_compression_ratio=ratio, calibration=calibration, calibration_samples=samples
+    # chapters; SAMPLES: how many of them kvpress draws (its num_samples); SCORES_FILE: where the scores are kept.
+    "duo_attention": lambda kvpress, ratio, calibration, samples, scores_file: wikitext_duo_attention()(
+        head_compression_ratio=ratio, calibration=calibration, calibration_samples=samples, scores_file=scores_file
     ),
 }
 # Presses that keep a different set per key/value head: the others are masked at decoding (`masked_key_indices`).
@@ -584,14 +584,19 @@ def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
     """kvpress's press NAME at RATIO; KVzip and DuoAttention's on-the-fly scoring reload the tokenizer from
     `model.config.name_or_path`, so it is saved to SCRATCH and named there (a GGUF folder or the tiny model has no
     loadable tokenizer of its own); DuoAttention calibrates on `--duo-samples` of `calibration_texts` of
-    `--duo-calibration-dir`."""
+    `--duo-calibration-dir`, its scores kept in OUT/kvpress-duo-scores/ under a name for the model, dtype, device,
+    calibration text, samples and kvpress version (a later run reads them instead of calibrating again)."""
     import kvpress
 
     if name in ("kvzip", "duo_attention") and not (scratch / "tokenizer_config.json").is_file():
         tokenizer.save_pretrained(scratch)
         model.config.name_or_path = str(scratch)
     if name == "duo_attention":
-        return PRESSES[name](kvpress, ratio, Path(args.duo_calibration_dir), args.duo_samples)
+        calibration = Path(args.duo_calibration_dir)
+        text = (calibration / DUO_CALIBRATION_FILE).read_text(encoding="utf-8")
+        key = [args.model, args.dtype, args.device, sha256(text), args.duo_samples, versions()["kvpress"]]
+        scores_file = Path(args.output_dir) / "kvpress-duo-scores" / f"{sha256(json.dumps(key))[:16]}.npy"
+        return PRESSES[name](kvpress, ratio, calibration, args.duo_samples, scores_file)
     return PRESSES[name](kvpress, ratio)
 
 
@@ -603,10 +608,12 @@ def wikitext_duo_attention() -> type:
     `calibration_texts(calibration)` instead of BookSum's chapters: while kvpress's `post_init_from_model` runs, its
     module's `load_dataset` gives `Chapters` of those texts (and its `duo_attention_on_the_fly` is called with
     num_samples=calibration_samples). kvpress caches the scores per `model.config.name_or_path` (SCRATCH of
-    `press_for`) and sample count: one calibration per run, whatever the ratios."""
+    `press_for`) and sample count, in memory: one calibration per run, whatever the ratios; `scores_file` keeps them
+    (a .npy file) for the runs after."""
     from dataclasses import dataclass, field
     from unittest import mock
 
+    import numpy
     from kvpress.presses import duo_attention_press
 
     @dataclass
@@ -614,16 +621,27 @@ def wikitext_duo_attention() -> type:
         on_the_fly_scoring: bool = True
         calibration: Path = field(default=Path(DUO_CALIBRATION), kw_only=True)
         calibration_samples: int = field(default=DUO_CHUNKS, kw_only=True)
+        scores_file: Path | None = field(default=None, kw_only=True)
 
         def post_init_from_model(self, model):
             chapters = Chapters(calibration_texts(self.calibration))
+            on_the_fly = duo_attention_press.duo_attention_on_the_fly
 
             def booksum(path: str, split: str) -> Chapters:
                 assert (path, split) == ("kmfoda/booksum", "train"), (path, split)
                 return chapters
 
-            scores = functools.partial(duo_attention_press.duo_attention_on_the_fly,
-                                       num_samples=self.calibration_samples)  # fmt: skip
+            def scores(model):
+                if self.scores_file is not None and self.scores_file.is_file():
+                    return numpy.load(self.scores_file)
+                computed = on_the_fly(model, num_samples=self.calibration_samples)
+                if self.scores_file is not None:
+                    self.scores_file.parent.mkdir(parents=True, exist_ok=True)
+                    with open(temporary := self.scores_file.with_suffix(".tmp"), "wb") as file:
+                        numpy.save(file, computed)
+                    os.replace(temporary, self.scores_file)
+                return computed
+
             with (mock.patch.object(duo_attention_press, "load_dataset", booksum),
                   mock.patch.object(duo_attention_press, "duo_attention_on_the_fly", scores)):  # fmt: skip
                 super().post_init_from_model(model)
