@@ -84,12 +84,13 @@ def measure(model, blocks: torch.Tensor, compressing: Callable[[], AbstractConte
 
 
 def measured(path: Path, settings: dict, measuring: Callable[[], dict], machine: Callable[[], dict],
-             device: str) -> tuple[dict, bool]:  # fmt: skip
-    """PATH's record where it was measured with SETTINGS (and False), else `measuring()`'s figures with the settings,
-    start, seconds, DEVICE and `machine()` before and after, written to PATH whole (and True)."""
+             device: str) -> dict:  # fmt: skip
+    """PATH's record where it was measured with SETTINGS, else `measuring()`'s figures with the settings, start,
+    seconds, DEVICE and `machine()` before and after, written to PATH whole; says which on standard output."""
     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
         if (record := json.loads(path.read_text())).get("settings") == settings:
-            return record, False
+            print(f"{path}: perplexity {record['perplexity']:.2f}, kept", flush=True)
+            return record
     before, started, start = machine(), time.time(), time.perf_counter()
     figures = measuring()
     record = {"settings": settings, **figures, "started": started, "seconds": time.perf_counter() - start,
@@ -98,4 +99,5 @@ def measured(path: Path, settings: dict, measuring: Callable[[], dict], machine:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(temporary, path)
-    return record, True
+    print(f"{path}: perplexity {record['perplexity']:.2f} in {record['seconds']:.1f} s", flush=True)
+    return record

@@ -473,11 +473,8 @@ def measure_continuation(model, blocks: torch.Tensor, out: Path, layout: dict, a
     settings = {"model": args.model, "tokenizer": args.tokenizer, "head_layout": layout.get("head_layout"),
                 "config": layout["config"], "dtype": args.dtype, "device": args.device, "text": args.ppl_text,
                 "blocks": args.ppl_blocks}  # fmt: skip
-    record, new = continuation.measured(out / continuation.FILE, settings,
-                                        functools.partial(continuation.measure, model, blocks), machine_load,
-                                        describe_machine(args.device))  # fmt: skip
-    done = f"in {record['seconds']:.1f} s" if new else "kept"
-    print(f"{out / 'continuation'}: perplexity {record['perplexity']:.2f}, {done}", flush=True)
+    measuring = functools.partial(continuation.measure, model, blocks)
+    continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
 
 
 def run_suite(args) -> None:

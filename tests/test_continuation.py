@@ -95,7 +95,7 @@ def test_blocks_are_the_texts_first_tokens_and_too_short_a_text_is_refused(tmp_p
         continuation.wikitext_blocks(tokenizer, tmp_path / "short.txt", 100, 3)
 
 
-def test_a_record_is_kept_for_the_same_settings_and_measured_again_for_others(tmp_path):
+def test_a_record_is_kept_for_the_same_settings_and_measured_again_for_others(tmp_path, capsys):
     path, calls = tmp_path / "pred" / "layout" / "4096" / continuation.FILE, []
 
     def measuring():
@@ -103,10 +103,10 @@ def test_a_record_is_kept_for_the_same_settings_and_measured_again_for_others(tm
         return {"perplexity": 20.0 + len(calls)}
 
     machine = lambda: {"uptime": "up 1"}  # noqa: E731
-    record, new = continuation.measured(path, {"blocks": 8}, measuring, machine, "cpu")
-    assert new and record["perplexity"] == 21.0 and json.loads(path.read_text()) == record
+    record = continuation.measured(path, {"blocks": 8}, measuring, machine, "cpu")
+    assert record["perplexity"] == 21.0 and json.loads(path.read_text()) == record
     assert record["machine"] == {"before": {"uptime": "up 1"}, "after": {"uptime": "up 1"}} and record["seconds"] >= 0
-    assert continuation.measured(path, {"blocks": 8}, measuring, machine, "cpu") == (record, False)
-    record, new = continuation.measured(path, {"blocks": 4}, measuring, machine, "cpu")
-    assert new and record["perplexity"] == 22.0 and len(calls) == 2
+    assert continuation.measured(path, {"blocks": 8}, measuring, machine, "cpu") == record and len(calls) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"{path}: perplexity 21.00, kept"
+    assert continuation.measured(path, {"blocks": 4}, measuring, machine, "cpu")["perplexity"] == 22.0
     assert sorted(p.name for p in path.parent.iterdir()) == [continuation.FILE]  # no temporary file left

@@ -689,10 +689,7 @@ def measure_continuation(press: object | None, model, blocks, out: Path, args: a
                 "versions": versions()}  # fmt: skip
     compressing = (lambda: None) if press is None else functools.partial(press, model)
     measuring = functools.partial(continuation.measure, model, blocks, compressing, DynamicCache)
-    record, new = continuation.measured(out / continuation.FILE, settings, measuring, machine_load,
-                                        describe_machine(args.device))  # fmt: skip
-    done = f"in {record['seconds']:.1f} s" if new else "kept"
-    print(f"{out / 'continuation'}: perplexity {record['perplexity']:.2f}, {done}", flush=True)
+    continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
 
 
 def run_press(answer: Callable[[dict, object | None], dict], press: object | None, name: str, ratio: float | None,
