@@ -5,8 +5,8 @@ so this module imports torch alone: neither hf_attn nor transformers).
 Why not the perplexity of whole blocks: a press compresses the cache once the prefill has read the context, so every
 token of one forward pass is predicted exactly as the unmodified model predicts it. Here each block of L tokens is
 read as kvpress's pipeline reads a prompt: its first CONTEXT_SHARE as the context, prefilled through the base model
-(under the press, which compresses what the cache holds), then the rest in one forward pass at its own positions
-over that cache, CHUNK tokens a forward as decoding reads them (kvpress's head-wise presses hide a dropped key behind
+(under the press, which compresses what the cache holds), then the rest at its own positions over that cache,
+CHUNK tokens a forward as decoding reads them (kvpress's head-wise presses hide a dropped key behind
 a fake key that all queries of a forward must meet with exp(q.k) ~ 0: it finds one for a few queries per head, not
 for a thousand). Scored: the continuation's tokens after its first, each predicted inside the continuation (the
 prefill runs without the language-model head, as the pipeline's does). A hybridized model's local heads see their
@@ -48,8 +48,8 @@ def context_tokens(length: int) -> int:
 
 
 def cache_keyword(model) -> str:
-    """What the model's forward calls its cache: `cache` from transformers 5.2x on, `past_key_values` before (in
-    kvpress's environment)."""
+    """What the model's forward calls its cache: `cache` in the transformers hf_attn runs on, `past_key_values` in
+    kvpress's older one (5.2)."""
     return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
 
 
