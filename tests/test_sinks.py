@@ -513,6 +513,35 @@ def test_only_a_left_padded_causal_mask_gives_the_kernel_a_key_mask(num_queries)
     assert left_padding_only(causal_over(real, num_queries).expand(2, 4, -1, -1)) is None
 
 
+def test_the_left_padding_check_reads_a_mask_once_while_it_lives_unchanged(monkeypatch):
+    """Every layer of a forward asks about the same mask: the answer is kept, given again for that mask, read again
+    for another mask or once the mask is changed in place, and holds no mask alive."""
+    import gc
+    import weakref
+
+    import hf_attn.hybrid_attention as hybrid_attention
+
+    reads = []
+    check = hybrid_attention.padding_on_the_left
+    monkeypatch.setattr(hybrid_attention, "padding_on_the_left", lambda mask: reads.append(1) or check(mask))
+    real = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    mask = causal_over(real, 6)
+    answers = [hybrid_attention.left_padding_only(mask) for _ in range(30)]
+    assert len(reads) == 1 and torch.equal(answers[0], real) and all(answer is answers[0] for answer in answers)
+    mask[0, 0, -1, 0] = True  # padding seen by the newest query: not causal order over the real keys any more
+    assert hybrid_attention.left_padding_only(mask) is None and len(reads) == 2
+    assert torch.equal(hybrid_attention.left_padding_only(causal_over(real, 6)), real) and len(reads) == 3
+    with torch.inference_mode():  # a tensor made there counts no versions: the same mask alone
+        inference = causal_over(real, 6)
+        assert all(torch.equal(hybrid_attention.left_padding_only(inference), real) for _ in range(3))
+    assert len(reads) == 4
+    kept = weakref.ref(mask := causal_over(real, 6))
+    hybrid_attention.left_padding_only(mask)
+    del mask
+    gc.collect()
+    assert kept() is None  # the kept answer does not hold its mask alive
+
+
 def test_left_padded_prefill_of_local_heads_with_sinks_makes_no_whole_count(monkeypatch):
     """A left-padded batch's local heads with sinks never count along the whole (T, S) mask (`local_visible`), and
     still equal the naive reference."""
