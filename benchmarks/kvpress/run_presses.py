@@ -58,7 +58,8 @@ deviation: the texts are `--duo-calibration-dir`'s wiki.valid.raw (WikiText-2's 
 split that RULER's essay haystack is made of) cut into 50 consecutive chunks of ~4,300 words (~5,300 SmolLM2 tokens,
 BookSum's chapters average about 5,100 tokens), of which kvpress draws its 50 with pandas' `sample(random_state=42)`
 (`--duo-samples` fewer for a smoke run: a chunk took SmolLM2-135M 22-75 s on a busy 2-core CPU, so 50 take 20-60
-min, the tiny --quick model 1 min; once per run, before the first task and outside its seconds). The ratio r is
+min, the tiny --quick model 1 min; before the first task and outside its seconds, then kept in
+OUT/kvpress-duo-scores/ for every later ratio and run with the same model, dtype, device and texts). The ratio r is
 DuoAttention's head_compression_ratio, the share of key/value heads made streaming, as kvpress's evaluate.py reads
 it (layout `kvpress-duo_attention-0.5`: half the heads streaming). Like the other head-wise presses it hides the
 keys it drops behind kvpress's fake key, which --quick's random model lets kvpress find only thanks to its
