@@ -180,7 +180,7 @@ def gated_attention(module, query, key, value, attention_mask, scaling: float, d
     all, else a boolean (B|1, 1, T, S)). Each head's output is gate * full + (1 - gate) * local attention, where
     local sees the first s keys and the k before the query (DuoAttention, section 3.1: "streaming attention").
     Returns (B, T, H, D) and no weights."""
-    gating: Gating = module.hf_attn_gating
+    gating: Gating = module.hf_attn_state
     heads, num_queries, num_keys = query.shape[1], query.shape[-2], key.shape[-2]
     gate = gating.gates[module.layer_idx]  # (units,)
     gate = gate.repeat_interleave(heads // len(gate)).to(query.dtype).view(1, heads, 1, 1)
@@ -204,19 +204,20 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(GATED_ATTENTION, sdpa_mask)  # boolean mas
 
 
 @contextlib.contextmanager
-def attention_as(model, implementation: str, gating: Gating | None = None) -> Iterator[None]:
-    """`model` runs `implementation` (and its modules read `gating`) inside the block; as it was after."""
+def attention_as(model, implementation: str, state: object = None) -> Iterator[None]:
+    """`model` runs `implementation` inside the block, each attention module holding `state` (`hf_attn_state`) for
+    the function to read; as it was after."""
     modules = [module for module in model.modules() if isinstance(module, tuple(ATTENTION_MODULES.values()))]
     previous = model.config._attn_implementation
     for module in modules:
-        module.hf_attn_gating = gating
+        module.hf_attn_state = state
     model.config._attn_implementation = implementation
     try:
         yield
     finally:
         model.config._attn_implementation = previous
         for module in modules:
-            del module.hf_attn_gating
+            del module.hf_attn_state
 
 
 @contextlib.contextmanager

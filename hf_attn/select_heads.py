@@ -6,7 +6,7 @@
 MODEL is a Hub id, a local folder, a `.gguf` file or a folder holding one (`hf_attn.pretrained`).
     hf_attn.select_heads.apply_layout(model, "layout.json")  # hybridized; its card says how the layout was chosen
 
-Five scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are in
+Six scores, lower meaning "make it local first"; every one takes the same arguments (`SCORES`). Costs are in
 forward passes at the command's defaults (16 calibration blocks of 512 tokens, `--batch_size` 4) for SmolLM2-135M
 (30 layers x 3 key/value groups = 90 units); the output file records each run's own (`cost`). docs/hybrid.md's
 long-context run on SmolLM2-135M-Instruct compares the layouts they choose and records their times with 4 blocks of
@@ -31,6 +31,10 @@ long-context run on SmolLM2-135M-Instruct compares the layouts they choose and r
   for more. Its samples share RULER's templates with an evaluation on RULER (not its text or its draws): say so
   beside its scores. Blocks must hold a task's template and answer (1,024 tokens with GPT-2's tokenizer).
   22 forward passes for the targets, then 48 steps of a forward and backward pass of `--batch_size` samples.
+- `reach` (NVIDIA kvpress's on-the-fly DuoAttention scoring; `reach_scores.py`): how far back a head's mean query
+  reaches: its mean query and mean key over the calibration blocks repeated at 500 rotary positions, and the area
+  under the last query's cumulated attention over them. What kvpress's DuoAttentionPress ranks heads by when it has no
+  trained pattern. One pass per batch (4), no answers read; blocks of at least 500 tokens.
 - `retrieval` (Wu et al. 2024; `gate_scores.py`): the attention weight a head's queries put on the needle token they
   are about to copy when they answer a passkey question. One pass per batch with attention weights (4). It finds
   the heads that copy but ranks all the others by near-zero values.
@@ -69,6 +73,7 @@ from .gate_scores import (
 from .hub import hub_offline
 from .hybrid import family_of, hybridize
 from .pretrained import load_causal_lm, load_tokenizer, source_argument
+from .reach_scores import reach_scores
 
 # WikiText-2's validation text beside a clone, where the training configs find it (relative to the working folder).
 LOCAL_CALIBRATION = Path("../shared/data/wikitext-2-raw") / WIKITEXT_FILES["validation"]
@@ -135,6 +140,7 @@ SCORES = {
     "gate": gate_scores,
     "retrieval": retrieval_scores,
     "gate_tasks": task_gate_scores,
+    "reach": reach_scores,
 }
 
 

@@ -137,7 +137,7 @@ def test_only_the_gates_get_gradients_and_the_model_is_restored():
     assert all(p.grad is None for p in model.parameters())
     assert [p.requires_grad for p in model.parameters()] == flags
     assert model.config._attn_implementation == "sdpa"
-    assert not any(hasattr(m, "hf_attn_gating") for m in model.modules())
+    assert not any(hasattr(m, "hf_attn_state") for m in model.modules())
 
 
 def test_retrieval_text_hides_passkeys_and_recalls_them_at_the_end():

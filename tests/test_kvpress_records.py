@@ -190,6 +190,37 @@ def test_duo_attentions_calibration_texts_are_wikitext2_validation_in_50_chunks_
     assert [len(chunk.split()) for chunk in short] == [3000, 3000]
 
 
+class SavedAsCodeLlama:
+    """GPT-2's tokenizer, saved as transformers 5.2 saves a GGUF file's BPE tokenizer: its config naming
+    `CodeLlamaTokenizer`, which reloads into other ids."""
+
+    def __init__(self, tokenizer, shift: int = 0):
+        self.tokenizer, self.shift = tokenizer, shift  # shift: ids no reload gives, to test the refusal
+
+    def __call__(self, text: str):
+        ids = [i + self.shift for i in self.tokenizer(text).input_ids]
+        return dataclasses.make_dataclass("Ids", ["input_ids"])(ids)
+
+    def save_pretrained(self, folder: Path) -> None:
+        self.tokenizer.save_pretrained(folder)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps(config | {"tokenizer_class": "CodeLlamaTokenizer"}))
+
+
+def test_the_tokenizer_kvzip_and_duo_attention_reload_reads_text_as_the_models_does(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer")
+    probe = (SHARED / "wikitext-2-raw" / "wiki.valid.raw").read_text()[: run_presses.TOKENIZER_PROBE]
+    saved_as_code_llama = tmp_path / "code_llama"
+    SavedAsCodeLlama(tokenizer).save_pretrained(saved_as_code_llama)  # what kvpress would reload: other ids
+    assert AutoTokenizer.from_pretrained(saved_as_code_llama)(probe).input_ids != tokenizer(probe).input_ids
+    run_presses.save_reloadable(SavedAsCodeLlama(tokenizer), tmp_path / "fixed", probe)
+    assert AutoTokenizer.from_pretrained(tmp_path / "fixed")(probe).input_ids == tokenizer(probe).input_ids
+    run_presses.save_reloadable(tokenizer, tmp_path / "plain", probe)  # a tokenizer that reloads as it is: kept so
+    assert json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())["tokenizer_class"] == "GPT2Tokenizer"
+    with pytest.raises(RuntimeError, match="reloads into other ids, so kvzip and duo_attention would read other text"):
+        run_presses.save_reloadable(SavedAsCodeLlama(tokenizer, shift=1), tmp_path / "refused", probe)
+
+
 def test_duo_attentions_stand_in_for_booksum_samples_as_kvpress_samples_its_chapters():
     chapters = run_presses.Chapters([f"text {i}" for i in range(50)]).to_pandas()
     drawn = chapters.sample(4, random_state=42)["chapter"].tolist()
@@ -213,6 +244,19 @@ def test_duo_attentions_kv_share_is_what_its_retrieval_and_streaming_heads_keep(
     )
     description = record["description"]
     assert "22 of the model's 90 key/value heads" in description and "masked (not freed)" in description
+
+
+def test_the_report_names_press_rows_whose_tokenizer_reload_was_not_checked():
+    """run_presses records the check for the presses that reload the tokenizer; rows without it are named."""
+    checked = run_presses.layout_record(Path("missing"), "duo_attention", 0.5, "DuoAttentionPress(...)", kv_heads=90)
+    assert checked["tokenizer_reload_checked"] is True
+    assert "tokenizer_reload_checked" not in run_presses.layout_record(Path("missing"), "snapkv", 0.5, "SnapKVPress")
+    layouts = {"kvpress-duo_attention-0.5": {}, "kvpress-kvzip-0.5": checked, "kvpress-snapkv-0.5": {},
+               "k64-s4-f0.5-gate": {}}  # fmt: skip
+    note = ruler_benchmark.unchecked_reloads(layouts)
+    assert note[0].startswith("**Not checked: the tokenizer that kvpress-duo_attention-0.5 reloaded.**")
+    assert "kvzip" not in note[0].split("**")[1] and "snapkv" not in note[0]
+    assert ruler_benchmark.unchecked_reloads({"kvpress-kvzip-0.5": checked, "kvpress-snapkv-0.5": {}}) == []
 
 
 @dataclasses.dataclass

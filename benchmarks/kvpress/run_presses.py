@@ -151,6 +151,8 @@ HEAD_WISE = {"adakv_snapkv", "adakv_expected_attention", "critical_adakv_snapkv"
              "kvzip", "duo_attention"}  # fmt: skip
 DUO_LABEL = "DuoAttention (kvpress's on-the-fly scoring, calibrated on WikiText-2 validation text in place of BookSum)"
 DUO_CALIBRATION = "../shared/data/wikitext-2-raw"  # --duo-calibration-dir: its wiki.valid.raw only
+RELOADS_TOKENIZER = ("kvzip", "duo_attention")  # from `model.config.name_or_path`: `save_reloadable` checks it
+TOKENIZER_PROBE = 4000  # characters of the calibration text a saved tokenizer must read as the model's does
 DUO_CALIBRATION_FILE = "wiki.valid.raw"  # never wiki.test.raw: RULER's essay haystack (hf_attn.ruler) is made of it
 DUO_CHUNKS = 50  # duo_attention_on_the_fly's num_samples: the BookSum chapters it draws (random_state=42)
 # The shortest chunk, in words: half a BookSum chapter (about 5,100 tokens on average). WikiText-2's validation text
@@ -399,6 +401,7 @@ def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str
             "description": what + where, "press": press_repr, "compression_ratio": None if press == "no_press"
             else ratio, "head_wise": press in HEAD_WISE, "runner": "benchmarks/kvpress/run_presses.py",
             "versions": settings.get("versions"),
+            **({"tokenizer_reload_checked": True} if press in RELOADS_TOKENIZER else {}),
             "runs": {"seconds": sum(record["seconds"] for record in records), "tasks": len(records)}}  # fmt: skip
 
 
@@ -580,6 +583,31 @@ def kept_context(model, cache) -> float:
     return sum(kept) / len(kept)
 
 
+def save_reloadable(tokenizer, folder: Path, probe: str) -> None:
+    """Saves `tokenizer` to FOLDER so that `AutoTokenizer.from_pretrained(FOLDER)` reads `probe` into the same ids.
+    transformers 5.2 names a GGUF file's BPE tokenizer `CodeLlamaTokenizer` in its saved config, and that class,
+    reloaded, rebuilds it wrong (SmolLM2-135M-Instruct: 1,918 ids, many of them <unk>, for 1,025 of WikiText-2): the
+    saved config then names the fast tokenizer, which reads the saved tokenizer.json as it is. Refuses a tokenizer
+    that still reloads differently."""
+    from transformers import AutoTokenizer
+
+    def reloads_the_same() -> bool:
+        return AutoTokenizer.from_pretrained(folder)(probe).input_ids == tokenizer(probe).input_ids
+
+    tokenizer.save_pretrained(folder)
+    if reloads_the_same():
+        return
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    print(f"{folder}: the saved {config.get('tokenizer_class')} reloads into other ids; named the fast tokenizer "
+          "instead", flush=True)  # fmt: skip
+    config_file.write_text(json.dumps(config | {"tokenizer_class": "PreTrainedTokenizerFast"}), encoding="utf-8")
+    if not reloads_the_same():
+        raise RuntimeError(f"{folder}: the tokenizer saved there reloads into other ids, so kvzip and "
+                           "duo_attention would read other text than the model's tokenizer gives; pass --tokenizer "
+                           "FOLDER")  # fmt: skip
+
+
 def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
               args: argparse.Namespace) -> object | None:  # fmt: skip
     """kvpress's press NAME at RATIO; KVzip and DuoAttention's on-the-fly scoring reload the tokenizer from
@@ -589,8 +617,9 @@ def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
     calibration text, samples and kvpress version (a later run reads them instead of calibrating again)."""
     import kvpress
 
-    if name in ("kvzip", "duo_attention") and not (scratch / "tokenizer_config.json").is_file():
-        tokenizer.save_pretrained(scratch)
+    if name in RELOADS_TOKENIZER and not (scratch / "tokenizer_config.json").is_file():
+        probe = (Path(args.duo_calibration_dir) / DUO_CALIBRATION_FILE).read_text(encoding="utf-8")[:TOKENIZER_PROBE]
+        save_reloadable(tokenizer, scratch, probe)
         model.config.name_or_path = str(scratch)
     if name == "duo_attention":
         calibration = Path(args.duo_calibration_dir)
