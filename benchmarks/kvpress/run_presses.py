@@ -624,7 +624,8 @@ def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
     if name == "duo_attention":
         calibration = Path(args.duo_calibration_dir)
         text = (calibration / DUO_CALIBRATION_FILE).read_text(encoding="utf-8")
-        key = [args.model, args.dtype, args.device, sha256(text), args.duo_samples, versions()["kvpress"]]
+        key = [args.model, args.dtype, args.device, sha256(text), args.duo_samples, versions()["kvpress"],
+               "tokenizer reload checked"]  # scores calibrated before the check are never read
         scores_file = Path(args.output_dir) / "kvpress-duo-scores" / f"{sha256(json.dumps(key))[:16]}.npy"
         return PRESSES[name](kvpress, ratio, calibration, args.duo_samples, scores_file)
     return PRESSES[name](kvpress, ratio)
