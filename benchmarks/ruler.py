@@ -90,7 +90,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
-from benchmarks import continuation
+from benchmarks import continuation, float32_products
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
@@ -167,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, help="prompts of one task and length generated together, padded on the left "
         "(default 1, --quick 2)")  # fmt: skip
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--float32-products", action="store_true", help="bfloat16: matrix products in float32, rounded back "
+        "(benchmarks/float32_products.py: the same quantity, 6-8x faster on CPUs without bfloat16 units)")  # fmt: skip
     add("--ppl-blocks", type=int, help=f"WikiText-2 test blocks of L tokens for the continuation perplexity "
         f"(benchmarks/continuation.py; default {continuation.BLOCKS}, --quick 2; 0: none)")  # fmt: skip
     add("--ppl-text", help="the continuation perplexity's text (default: --haystack-dir's wiki.test.raw)")
@@ -229,6 +231,8 @@ def run_problems(args) -> list[str]:
         problems.append(f"--sink-tokens must all be >= 0, got {args.sink_tokens}")
     if any(not 0 < fraction <= 1 for fraction in args.fractions):
         problems.append(f"--fractions must all be in (0, 1], got {args.fractions}")
+    if args.float32_products and args.dtype != "bfloat16":
+        problems.append(f"--float32-products needs --dtype bfloat16 (its products are bfloat16's), got {args.dtype}")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     elif args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -475,7 +479,7 @@ def measure_continuation(model, blocks: torch.Tensor, out: Path, layout: dict, a
     settings are the same."""
     settings = {"model": args.model, "tokenizer": args.tokenizer, "head_layout": layout.get("head_layout"),
                 "config": layout["config"], "dtype": args.dtype, "device": args.device, "text": args.ppl_text,
-                "blocks": args.ppl_blocks}  # fmt: skip
+                "blocks": args.ppl_blocks} | float32_products.setting(args.float32_products)  # fmt: skip
     measuring = functools.partial(continuation.measure, model, blocks)
     continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
 
@@ -503,6 +507,7 @@ def run_suite(args) -> None:
                             "device": args.device, "prompt_format": args.prompt_format, "batch_size": args.batch_size,
                             "data_sha256": sha256(text), "samples": len(records),
                             "keep_inputs": args.keep_inputs}  # fmt: skip
+                settings |= float32_products.setting(args.float32_products)
                 if complete(out, task, settings):
                     print(f"{out / task}: complete, kept", flush=True)
                     continue
@@ -618,7 +623,7 @@ def runs_of(folder: Path) -> dict:
     if not records:
         return {}
     return {"devices": sorted({record["device"] for record in records}),
-            "dtypes": sorted({record["settings"]["dtype"] for record in records}),
+            "dtypes": sorted({float32_products.dtype_name(record["settings"]) for record in records}),
             "prompt_formats": sorted({record["settings"]["prompt_format"] for record in records}),
             "models": sorted({record["settings"]["model"] for record in records}),
             "seconds": sum(record["seconds"] for record in records),
@@ -750,10 +755,13 @@ def unchecked_reloads(layouts: dict[str, dict]) -> list[str]:
              if name.startswith(TOKENIZER_RELOADING) and not layout.get("tokenizer_reload_checked")]  # fmt: skip
     if not names:
         return []
-    return [f"**Not checked: the tokenizer that {', '.join(names)} reloaded.** DuoAttention's calibration and KVzip "
-            "read text through a tokenizer kvpress reloads from a saved copy, and transformers 5.2 (kvpress's) "
-            "reloads a GGUF file's BPE tokenizer into other ids (SmolLM2-135M-Instruct's: 1,918 ids, many of them "
-            "<unk>, for 1,025 of WikiText-2), so these rows' heads may have been chosen on garbled text.", ""]
+    return [
+        f"**Not checked: the tokenizer that {', '.join(names)} reloaded.** DuoAttention's calibration and KVzip "
+        "read text through a tokenizer kvpress reloads from a saved copy, and transformers 5.2 (kvpress's) "
+        "reloads a GGUF file's BPE tokenizer into other ids (SmolLM2-135M-Instruct's: 1,918 ids, many of them "
+        "<unk>, for 1,025 of WikiText-2), so these rows' heads may have been chosen on garbled text.",
+        "",
+    ]
 
 
 def report(result: dict) -> str:
@@ -803,7 +811,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "generate" or args.quick:
         generate_data(args)
     if args.command == "run":
-        run_suite(args)
+        with float32_products.products(args.float32_products):
+            run_suite(args)
     if args.command != "generate":
         print(write_report(Path(args.output_dir), argv))
     print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)

@@ -108,7 +108,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for benchmarks/continuation.py
-from benchmarks import continuation  # noqa: E402  (torch alone: no hf_attn, no transformers)
+from benchmarks import continuation, float32_products  # noqa: E402  (torch alone: no hf_attn, no transformers)
 
 # RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
 NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
@@ -389,7 +389,8 @@ def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str
     where = ""
     if records:
         versions = settings.get("versions", {})
-        where = (f"; {Path(settings['model']).name}, {settings['dtype']}, {settings['prompt_format']} prompts, on "
+        where = (f"; {Path(settings['model']).name}, {float32_products.dtype_name(settings)}, "
+                 f"{settings['prompt_format']} prompts, on "
                  f"{'; '.join(sorted({record['device'] for record in records}))}, kvpress {versions.get('kvpress')}, "
                  f"transformers {versions.get('transformers')}: "
                  f"{sum(record['seconds'] for record in records) / 60:.1f} min of predictions; `uptime` at the "
@@ -439,6 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cpu", help="cpu, cuda or cuda:N")
     add("--dtype", choices=["float32", "bfloat16", "float16"], help="default bfloat16 on cuda, float32 on cpu")
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
+    add("--float32-products", action="store_true", help="bfloat16: matrix products in float32, rounded back "
+        "(benchmarks/float32_products.py: the same quantity, 6-8x faster on CPUs without bfloat16 units)")  # fmt: skip
     add("--duo-calibration-dir", default=DUO_CALIBRATION, help=f"duo_attention's calibration texts: the folder's "
         f"{DUO_CALIBRATION_FILE} (WikiText-2's validation split, never its test split, RULER's haystack) in "
         f"{DUO_CHUNKS} chunks, in place of kvpress's BookSum chapters (default {DUO_CALIBRATION})")  # fmt: skip
@@ -477,6 +480,8 @@ def argument_problems(args: argparse.Namespace, given_model: str | None) -> list
     elif args.ppl_blocks and not Path(args.ppl_text).is_file():
         problems.append(f"--ppl-text must be a text file (WikiText-2's wiki.test.raw) for --ppl-blocks "
                         f"{args.ppl_blocks}, got {args.ppl_text}")  # fmt: skip
+    if args.float32_products and args.dtype != "bfloat16":
+        problems.append(f"--float32-products needs --dtype bfloat16 (its products are bfloat16's), got {args.dtype}")
     if any(not 0 < ratio < 1 for ratio in args.ratios):
         problems.append(f"--ratios must all be in (0, 1) (no_press is the uncompressed reference), got {args.ratios}")
     longest = max(TASKS[task] for task in args.tasks)
@@ -624,8 +629,9 @@ def press_for(name: str, ratio: float | None, model, tokenizer, scratch: Path,
     if name == "duo_attention":
         calibration = Path(args.duo_calibration_dir)
         text = (calibration / DUO_CALIBRATION_FILE).read_text(encoding="utf-8")
-        key = [args.model, args.dtype, args.device, sha256(text), args.duo_samples, versions()["kvpress"],
-               "tokenizer reload checked"]  # scores calibrated before the check are never read
+        checked = "tokenizer reload checked"  # scores calibrated before the check are never read
+        key = [args.model, args.dtype, args.device, sha256(text), args.duo_samples, versions()["kvpress"], checked]
+        key += ["float32 products"] if args.float32_products else []
         scores_file = Path(args.output_dir) / "kvpress-duo-scores" / f"{sha256(json.dumps(key))[:16]}.npy"
         return PRESSES[name](kvpress, ratio, calibration, args.duo_samples, scores_file)
     return PRESSES[name](kvpress, ratio)
@@ -717,7 +723,7 @@ def measure_continuation(press: object | None, model, blocks, out: Path, args: a
 
     settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
                 "device": args.device, "text": args.ppl_text, "blocks": args.ppl_blocks,
-                "versions": versions()}  # fmt: skip
+                "versions": versions()} | float32_products.setting(args.float32_products)  # fmt: skip
     compressing = (lambda: None) if press is None else functools.partial(press, model)
     measuring = functools.partial(continuation.measure, model, blocks, compressing, DynamicCache)
     continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
@@ -738,6 +744,7 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
             settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
                         "device": args.device, "prompt_format": args.effective_format, "data_sha256": sha256(text),
                         "samples": len(records), "keep_inputs": args.keep_inputs, "versions": versions()}  # fmt: skip
+            settings |= float32_products.setting(args.float32_products)
             if complete(out, task, settings):
                 print(f"{out / task}: complete, kept", flush=True)
                 continue
@@ -779,7 +786,7 @@ def main(argv: list[str] | None = None) -> None:
     kv_heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     blocks = functools.cache(lambda length: continuation.wikitext_blocks(tokenizer, Path(args.ppl_text), length,
                                                                          args.ppl_blocks))  # fmt: skip
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, float32_products.products(args.float32_products):
         for name in (name for name in args.presses if name in PRESSES):
             for ratio in [None] if name == "no_press" else args.ratios:
                 press = press_for(name, ratio, model, tokenizer, Path(scratch), args)

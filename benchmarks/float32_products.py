@@ -1,0 +1,54 @@
+"""bfloat16 matrix products computed in float32, for CPUs without bfloat16 units.
+
+A bfloat16 product on hardware built for it (Intel AMX through oneDNN, NVIDIA tensor cores through cuBLAS) reads
+bfloat16 inputs, sums in float32 and rounds the result to bfloat16. On a CPU with AVX2 alone (AMD Zen 3, older
+Intel parts) PyTorch computes the same thing 6-8x slower than a float32 product of the same shape (SmolLM2-135M, one
+thread, a 1,024-token prefill: 28.7 s in bfloat16, 4.7 s in float32). Inside `Float32Products`, a product whose
+tensors are all bfloat16 has them widened to float32 (exactly), multiplied in float32 and rounded back to bfloat16:
+the same quantity at float32's speed, its sums accumulated in another order, so that the last bit of some entries
+may differ, as between two machines. Torch alone: benchmarks/kvpress/run_presses.py, which runs without hf_attn,
+imports it too.
+"""
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+PRODUCTS = frozenset({
+    F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
+    torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm,
+    torch.einsum,
+})  # fmt: skip
+
+
+def widened(value):
+    return value.float() if isinstance(value, torch.Tensor) else value
+
+
+class Float32Products(TorchFunctionMode):
+    """Within it, products of bfloat16 tensors are computed in float32 and rounded to bfloat16; every other call
+    (other dtypes, mixed dtypes, which still fail as they would, attention kernels) runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+        if func not in PRODUCTS or not tensors or any(tensor.dtype != torch.bfloat16 for tensor in tensors):
+            return func(*args, **kwargs)
+        result = func(*map(widened, args), **{name: widened(value) for name, value in kwargs.items()})
+        return result.to(torch.bfloat16)
+
+
+def setting(enabled: bool) -> dict:
+    """What a run's settings record of it: nothing when off, so that earlier runs' records stay complete."""
+    return {"products": "float32"} if enabled else {}
+
+
+def dtype_name(settings: dict) -> str:
+    """A run's dtype as its settings give it, with its products where they were float32's."""
+    return settings["dtype"] + (f" ({settings['products']} products)" if "products" in settings else "")
+
+
+def products(enabled: bool) -> TorchFunctionMode | contextlib.AbstractContextManager:
+    return Float32Products() if enabled else contextlib.nullcontext()
