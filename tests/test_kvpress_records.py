@@ -162,6 +162,8 @@ def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
         (["--presses", "duo_attention", "--duo-calibration-dir", "nowhere"], "--duo-calibration-dir must hold "
          "wiki.valid.raw (WikiText-2's validation text) for duo_attention, got nowhere"),
         (["--duo-samples", "0"], "--duo-samples must be >= 1, got 0"),
+        (["--float32-products", "--dtype", "float16"], "--float32-products needs --dtype bfloat16 (its products are "
+                                                       "bfloat16's), got float16"),
     ],
 )  # fmt: skip
 def test_bad_arguments_are_refused_naming_the_flag(argv, message, tmp_path, capsys):

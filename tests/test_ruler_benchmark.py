@@ -230,6 +230,8 @@ def test_report_sets_the_continuation_perplexity_beside_the_unmodified_models(tm
         (["run", "--local-windows", "0"], "--local-windows must all be >= 1, got [0]"),
         (["run", "--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
         (["run", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["run", "--float32-products"], "--float32-products needs --dtype bfloat16 (its products are bfloat16's), got "
+                                        "float32"),
         (["run", "--ppl-blocks", "-1"], "--ppl-blocks must be >= 0, got -1"),
         (["run", "--ppl-text", "/tmp/no-text.raw"], "--ppl-text must be a text file (WikiText-2's wiki.test.raw) for "
                                                     "--ppl-blocks 8, got /tmp/no-text.raw"),
