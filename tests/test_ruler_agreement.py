@@ -1,0 +1,54 @@
+"""benchmarks/ruler_agreement.py: the same-string count and each side's score per task, on records matched by index,
+counted here by hand."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import ruler_agreement
+
+
+def write(folder: Path, task: str, preds: dict[int, str], outputs: list[str], settings: dict | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"index": index, "pred": pred, "outputs": outputs}) for index, pred in preds.items()]
+    (folder / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+    if settings:
+        (folder / f"{task}.run.json").write_text(json.dumps({"settings": settings, "device": "cpu, 1 threads"}))
+
+
+def test_same_predictions_and_scores_are_counted_per_task_on_shared_records(tmp_path, capsys):
+    reference, candidate = tmp_path / "a", tmp_path / "b"
+    write(reference, "niah_single_1", {0: "7", 1: "8", 2: "9", 3: "1"}, ["7"], {"dtype": "bfloat16"})
+    write(candidate, "niah_single_1", {0: "7", 1: "7 ", 2: "9", 4: "7"}, ["7"],
+          {"dtype": "bfloat16", "products": "float32"})  # fmt: skip
+    write(reference, "vt", {0: "X Y", 1: "X"}, ["X", "Y"])
+    write(candidate, "vt", {0: "X Y", 1: "X Y"}, ["X", "Y"])
+    write(reference, "cwe", {0: "a"}, ["a"])  # the candidate has no cwe: left out
+    ruler_agreement.main(["--reference", str(reference), "--candidate", str(candidate), "--output-dir",
+                          str(tmp_path / "out")])  # fmt: skip
+    result = json.loads((tmp_path / "out" / "agreement.json").read_text())
+    niah, vt = result["tasks"]["niah_single_1"], result["tasks"]["vt"]
+    assert list(result["tasks"]) == ["niah_single_1", "vt"]
+    # records 0-2 shared: 0 and 2 the same; the reference right on 0 ("7"), the candidate on 0 and 1 ("7 ")
+    assert (niah["records"], niah["same"], niah["reference_score"], niah["candidate_score"]) == (3, 2, 33.33, 66.67)
+    assert (vt["records"], vt["same"], vt["reference_score"], vt["candidate_score"]) == (2, 1, 75.0, 100.0)
+    assert (result["records"], result["same"]) == (5, 3)
+    assert (result["reference_average"], result["candidate_average"]) == (54.16, 83.34)  # of the rounded scores
+    assert niah["candidate_run"] == "bfloat16 (float32 products) on cpu, 1 threads"
+    assert vt["reference_run"] == "no run record"
+    text = (tmp_path / "out" / "agreement.md").read_text()
+    assert "| niah_single_1 | 3 | 2 | 33.33 | 66.67 |" in text and "| all | 5 | 3 (60%) | 54.16 (average) |" in text
+    assert "(bfloat16 on cpu, 1 threads; no run record). Candidate:" in text and capsys.readouterr().out == text
+
+
+def test_a_missing_folder_or_no_shared_task_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ruler_agreement.main(["--reference", str(tmp_path / "none"), "--candidate", str(tmp_path), "--output-dir",
+                              str(tmp_path / "out")])  # fmt: skip
+    assert "--reference must be a folder of prediction files (pred/LAYOUT/LENGTH), got" in capsys.readouterr().err
+    write(tmp_path / "a", "vt", {0: "X"}, ["X"])
+    write(tmp_path / "b", "cwe", {0: "X"}, ["X"])
+    with pytest.raises(SystemExit, match="no task has predictions in both"):
+        ruler_agreement.main(["--reference", str(tmp_path / "a"), "--candidate", str(tmp_path / "b"), "--output-dir",
+                              str(tmp_path / "out")])  # fmt: skip
