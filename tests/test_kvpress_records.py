@@ -77,13 +77,13 @@ def answers(task_records: list[dict], right: bool) -> list[dict]:
              "kept_tokens": 450 + 20 + 10, "cache_tokens": 900 + 20 + 10} for record in task_records]  # fmt: skip
 
 
-def write_layout(folder: Path, press: str, ratio: float, records: dict, right: dict[str, bool]) -> str:
-    """pred/{layout}/ as run_presses.run_press writes it: tasks, summary, layout.json."""
+def write_layout(folder: Path, press: str, ratio: float, records: dict, right: dict[str, bool], **extra) -> str:
+    """pred/{layout}/ as run_presses.run_press writes it: tasks, summary, layout.json; EXTRA: more settings."""
     layout = run_presses.layout_name(press, ratio)
     out = run_presses.pred_folder(folder, layout, 1024)
     for started, task in enumerate(TASKS):
         settings = {"model": "tiny-random-llama", "dtype": "float32", "prompt_format": "plain", "versions":
-                    {"kvpress": "0.5.5", "transformers": "5.2.0", "torch": "2.13.0"}}  # fmt: skip
+                    {"kvpress": "0.5.5", "transformers": "5.2.0", "torch": "2.13.0"}} | extra  # fmt: skip
         run = {"started": float(started), "seconds": 30.0, "device": "torch 2.13.0, x86_64, 1 threads",
                "machine": {"before": {"uptime": "up 1"}, "after": {"uptime": "up 2"}}}  # fmt: skip
         run_presses.write_task(out, task, records[task], answers(records[task], right[task]), settings, run)
@@ -103,7 +103,8 @@ def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, recor
     (tmp_path / "pred" / "unmodified" / "layout.json").write_text(json.dumps({"kv_share": 1.0}))
     right = write_layout(tmp_path, "snapkv", 0.5, records, {"niah_single_1": True, "vt": True})
     wrong = write_layout(tmp_path, "adakv_snapkv", 0.5, records, {"niah_single_1": True, "vt": False})
-    more = write_layout(tmp_path, "knorm", 0.25, records, {"niah_single_1": True, "vt": True})
+    more = write_layout(tmp_path, "knorm", 0.25, records, {"niah_single_1": True, "vt": True}, dtype="bfloat16",
+                        products="float32")  # fmt: skip
     reference = write_layout(tmp_path, "no_press", None, records, {"niah_single_1": True, "vt": True})
     assert (right, wrong, more, reference) == ("kvpress-snapkv-0.5", "kvpress-adakv_snapkv-0.5", "kvpress-knorm-0.25",
                                                "kvpress-no_press")  # fmt: skip
@@ -133,6 +134,8 @@ def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, recor
         report
     )
     assert "1.0 min of predictions; `uptime` at the first: `up 1`, at the last: `up 2`" in report
+    assert "; tiny-random-llama, bfloat16 (float32 products), plain prompts" in json.loads(
+        (tmp_path / "pred" / more / "layout.json").read_text())["description"]  # fmt: skip
     layout = json.loads((tmp_path / "pred" / wrong / "layout.json").read_text())
     assert layout["head_wise"] and "per key/value head, the others masked (not freed)" in layout["description"]
 
@@ -288,7 +291,7 @@ def test_the_continuation_perplexity_is_read_under_the_press_into_a_fresh_cache_
     model, generator = tiny_llama(False), torch.Generator().manual_seed(3)
     blocks = torch.randint(0, TINY["vocab_size"], (2, LENGTH), generator=generator)
     args = argparse.Namespace(model="m.gguf", tokenizer=None, dtype="float32", device="cpu", ppl_text="t.raw",
-                              ppl_blocks=2)  # fmt: skip
+                              ppl_blocks=2, float32_products=False)  # fmt: skip
     run_presses.measure_continuation(KeepLastPress(12), model, blocks, tmp_path, args)
     record = json.loads((tmp_path / continuation.FILE).read_text())
     expected = sum(kept_context_nll(model, block, 12) for block in blocks)
