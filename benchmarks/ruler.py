@@ -158,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--scores", nargs="+", choices=SCORE_NAMES, help=f"what ranks the groups (default {SIZES['scores'][0]}; "
         "--quick random)")  # fmt: skip
     add("--random-seeds", type=int, nargs="+", default=[0], help="the random layouts' seeds")
+    add("--layouts-only", action="store_true", help="the hybridized layouts alone, the unmodified model's predictions "
+        "left as they are (by default it runs first, its complete tasks kept)")  # fmt: skip
     add("--layout-dir", default=LAYOUT_DIR, help="a benchmarks.long_context output folder: its "
         "scores/SCORE-kK-sS.json ranks the key/value groups")  # fmt: skip
     add("--prompt-format", choices=PROMPT_FORMATS, default="plain", help="plain: input + answer_prefix; chat: input "
@@ -387,8 +389,9 @@ def score_file(args, window: int, sinks: int, score: str) -> Path | None:
 
 
 def configurations(args) -> list[Config]:
-    """The unmodified model first (hybridize works in place), then every (k, S, share, score[, seed])."""
-    configs = [UNMODIFIED]
+    """The unmodified model first (hybridize works in place; not with --layouts-only), then every (k, S, share,
+    score[, seed])."""
+    configs = [] if args.layouts_only else [UNMODIFIED]
     for window, sinks, fraction, score in itertools.product(args.local_windows, args.sink_tokens, args.fractions,
                                                             args.scores):  # fmt: skip
         seeds = args.random_seeds if score == "random" else [None]

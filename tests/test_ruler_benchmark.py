@@ -318,6 +318,12 @@ def test_quick_runs_end_to_end_with_a_tiny_llama(tmp_path, tokenizer):
     assert ruler_benchmark.model_answers(model, tokenizer, "plain", records) == alone
 
 
+def test_layouts_only_leaves_the_unmodified_models_predictions_alone(tmp_path):
+    ruler_benchmark.main(quick(tmp_path, "--tasks", "niah_single_1", "--ppl-blocks", "0", "--layouts-only"))
+    assert sorted(path.name for path in (tmp_path / "pred").iterdir()) == [HYBRID]
+    assert (tmp_path / "pred" / HYBRID / "1024" / "niah_single_1.jsonl").is_file()
+
+
 @pytest.mark.real_model
 def test_smollm2_unmodified_and_hybridized_are_predicted_and_scored(tmp_path):
     """SmolLM2-135M-Instruct's GGUF file, 1 sample of 2 tasks at 1024 tokens, unmodified and with half its groups
