@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks import float32_products
 from benchmarks.common import command_line_parser
-from benchmarks.ruler import predictions_and_references, read_json, read_jsonl, write_whole
+from benchmarks.ruler import postprocess, predictions_and_references, read_json, read_jsonl, write_whole
 from hf_attn import ruler
 
 
@@ -25,9 +25,14 @@ def run_of(folder: Path, task: str) -> str:
     return f"{float32_products.dtype_name(settings)} on {record['device']}" if settings else "no run record"
 
 
+def record_score(record: dict) -> float:
+    return ruler.match_fraction(postprocess(record["pred"]), record["outputs"])
+
+
 def agreement(reference: Path, candidate: Path) -> dict:
     """Per task both folders predicted (RULER's order), over the records of the same index: how many predictions are
-    the same string, and each run's score on those records; then the sums and the average scores."""
+    the same string, how many score the same (a long answer may differ after what is scored), and each run's score on
+    those records; then the sums and the average scores."""
     tasks = {}
     for task in ruler.TASKS:
         if not ((reference / f"{task}.jsonl").is_file() and (candidate / f"{task}.jsonl").is_file()):
@@ -38,6 +43,7 @@ def agreement(reference: Path, candidate: Path) -> dict:
         scores = [ruler.score(task, *predictions_and_references([side[index] for index in shared]))
                   for side in (ours, theirs)]  # fmt: skip
         tasks[task] = {"records": len(shared), "same": sum(ours[i]["pred"] == theirs[i]["pred"] for i in shared),
+                       "same_score": sum(record_score(ours[i]) == record_score(theirs[i]) for i in shared),
                        "reference_score": scores[0], "candidate_score": scores[1],
                        "reference_run": run_of(reference, task), "candidate_run": run_of(candidate, task)}  # fmt: skip
     if not tasks:
@@ -46,6 +52,7 @@ def agreement(reference: Path, candidate: Path) -> dict:
                 for side in ("reference", "candidate")]  # fmt: skip
     return {"reference": str(reference), "candidate": str(candidate), "tasks": tasks,
             "records": sum(t["records"] for t in tasks.values()), "same": sum(t["same"] for t in tasks.values()),
+            "same_score": sum(t["same_score"] for t in tasks.values()),
             "reference_average": averages[0], "candidate_average": averages[1]}  # fmt: skip
 
 
@@ -54,15 +61,17 @@ def markdown(result: dict) -> str:
             for side in ("reference", "candidate")}  # fmt: skip
     lines = ["# Agreement of two runs on RULER's records", "",
              f"Reference: `{result['reference']}` ({runs['reference']}). Candidate: "
-             f"`{result['candidate']}` ({runs['candidate']}). Same: records whose predictions are "
-             f"the same string.", "",
-             "| task | records | same | reference score | candidate score |", "|---|---|---|---|---|"]  # fmt: skip
+             f"`{result['candidate']}` ({runs['candidate']}). Same text: records whose predictions "
+             f"are the same string; same score: records scored the same.", "",
+             "| task | records | same text | same score | reference score | candidate score |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for task, figures in result["tasks"].items():
-        lines.append(f"| {task} | {figures['records']} | {figures['same']} | {figures['reference_score']:.2f} | "
-                     f"{figures['candidate_score']:.2f} |")  # fmt: skip
-    share = result["same"] / result["records"]
-    lines.append(f"| all | {result['records']} | {result['same']} ({share:.0%}) | {result['reference_average']:.2f} "
-                 f"(average) | {result['candidate_average']:.2f} (average) |")  # fmt: skip
+        lines.append(f"| {task} | {figures['records']} | {figures['same']} | {figures['same_score']} | "
+                     f"{figures['reference_score']:.2f} | {figures['candidate_score']:.2f} |")  # fmt: skip
+    records = result["records"]
+    lines.append(f"| all | {records} | {result['same']} ({result['same'] / records:.0%}) | {result['same_score']} "
+                 f"({result['same_score'] / records:.0%}) | {result['reference_average']:.2f} (average) | "
+                 f"{result['candidate_average']:.2f} (average) |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -20,7 +20,7 @@ def write(folder: Path, task: str, preds: dict[int, str], outputs: list[str], se
 def test_same_predictions_and_scores_are_counted_per_task_on_shared_records(tmp_path, capsys):
     reference, candidate = tmp_path / "a", tmp_path / "b"
     write(reference, "niah_single_1", {0: "7", 1: "8", 2: "9", 3: "1"}, ["7"], {"dtype": "bfloat16"})
-    write(candidate, "niah_single_1", {0: "7", 1: "7 ", 2: "9", 4: "7"}, ["7"],
+    write(candidate, "niah_single_1", {0: "7", 1: "7 ", 2: "9 no", 4: "7"}, ["7"],
           {"dtype": "bfloat16", "products": "float32"})  # fmt: skip
     write(reference, "vt", {0: "X Y", 1: "X"}, ["X", "Y"])
     write(candidate, "vt", {0: "X Y", 1: "X Y"}, ["X", "Y"])
@@ -30,15 +30,16 @@ def test_same_predictions_and_scores_are_counted_per_task_on_shared_records(tmp_
     result = json.loads((tmp_path / "out" / "agreement.json").read_text())
     niah, vt = result["tasks"]["niah_single_1"], result["tasks"]["vt"]
     assert list(result["tasks"]) == ["niah_single_1", "vt"]
-    # records 0-2 shared: 0 and 2 the same; the reference right on 0 ("7"), the candidate on 0 and 1 ("7 ")
-    assert (niah["records"], niah["same"], niah["reference_score"], niah["candidate_score"]) == (3, 2, 33.33, 66.67)
+    # records 0-2 shared: 0 the same; the reference right on 0 ("7"), the candidate on 0 and 1 ("7 "); both wrong on 2
+    assert (niah["records"], niah["same"], niah["reference_score"], niah["candidate_score"]) == (3, 1, 33.33, 66.67)
     assert (vt["records"], vt["same"], vt["reference_score"], vt["candidate_score"]) == (2, 1, 75.0, 100.0)
-    assert (result["records"], result["same"]) == (5, 3)
+    assert (niah["same_score"], vt["same_score"]) == (2, 1)  # 0 and 2 ("9", "9 no": both 0)
+    assert (result["records"], result["same"], result["same_score"]) == (5, 2, 3)
     assert (result["reference_average"], result["candidate_average"]) == (54.16, 83.34)  # of the rounded scores
     assert niah["candidate_run"] == "bfloat16 (float32 products) on cpu, 1 threads"
     assert vt["reference_run"] == "no run record"
     text = (tmp_path / "out" / "agreement.md").read_text()
-    assert "| niah_single_1 | 3 | 2 | 33.33 | 66.67 |" in text and "| all | 5 | 3 (60%) | 54.16 (average) |" in text
+    assert "| niah_single_1 | 3 | 1 | 2 | 33.33 | 66.67 |" in text and "| all | 5 | 2 (40%) | 3 (60%) | 54.16" in text
     assert "(bfloat16 on cpu, 1 threads; no run record). Candidate:" in text and capsys.readouterr().out == text
 
 
