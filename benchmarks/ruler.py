@@ -169,8 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, help="prompts of one task and length generated together, padded on the left "
         "(default 1, --quick 2)")  # fmt: skip
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
-    add("--float32-products", action="store_true", help="bfloat16: matrix products in float32, rounded back "
-        "(benchmarks/float32_products.py: the same quantity, 6-8x faster on CPUs without bfloat16 units)")  # fmt: skip
+    add("--float32-products", action="store_true", help=float32_products.HELP)
     add("--ppl-blocks", type=int, help=f"WikiText-2 test blocks of L tokens for the continuation perplexity "
         f"(benchmarks/continuation.py; default {continuation.BLOCKS}, --quick 2; 0: none)")  # fmt: skip
     add("--ppl-text", help="the continuation perplexity's text (default: --haystack-dir's wiki.test.raw)")
@@ -233,8 +232,7 @@ def run_problems(args) -> list[str]:
         problems.append(f"--sink-tokens must all be >= 0, got {args.sink_tokens}")
     if any(not 0 < fraction <= 1 for fraction in args.fractions):
         problems.append(f"--fractions must all be in (0, 1], got {args.fractions}")
-    if args.float32_products and args.dtype != "bfloat16":
-        problems.append(f"--float32-products needs --dtype bfloat16 (its products are bfloat16's), got {args.dtype}")
+    problems += float32_products.argument_problems(args.float32_products, args.dtype)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         problems.append(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     elif args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -440,8 +440,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cpu", help="cpu, cuda or cuda:N")
     add("--dtype", choices=["float32", "bfloat16", "float16"], help="default bfloat16 on cuda, float32 on cpu")
     add("--threads", type=int, help="torch threads (default: torch's; --quick 1)")
-    add("--float32-products", action="store_true", help="bfloat16: matrix products in float32, rounded back "
-        "(benchmarks/float32_products.py: the same quantity, 6-8x faster on CPUs without bfloat16 units)")  # fmt: skip
+    add("--float32-products", action="store_true", help=float32_products.HELP)
     add("--duo-calibration-dir", default=DUO_CALIBRATION, help=f"duo_attention's calibration texts: the folder's "
         f"{DUO_CALIBRATION_FILE} (WikiText-2's validation split, never its test split, RULER's haystack) in "
         f"{DUO_CHUNKS} chunks, in place of kvpress's BookSum chapters (default {DUO_CALIBRATION})")  # fmt: skip
@@ -480,8 +479,7 @@ def argument_problems(args: argparse.Namespace, given_model: str | None) -> list
     elif args.ppl_blocks and not Path(args.ppl_text).is_file():
         problems.append(f"--ppl-text must be a text file (WikiText-2's wiki.test.raw) for --ppl-blocks "
                         f"{args.ppl_blocks}, got {args.ppl_text}")  # fmt: skip
-    if args.float32_products and args.dtype != "bfloat16":
-        problems.append(f"--float32-products needs --dtype bfloat16 (its products are bfloat16's), got {args.dtype}")
+    problems += float32_products.argument_problems(args.float32_products, args.dtype)
     if any(not 0 < ratio < 1 for ratio in args.ratios):
         problems.append(f"--ratios must all be in (0, 1) (no_press is the uncompressed reference), got {args.ratios}")
     longest = max(TASKS[task] for task in args.tasks)
