@@ -36,8 +36,10 @@ class Float32Products(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func not in PRODUCTS:  # first: every other call of the model passes through here
+            return func(*args, **kwargs)
         floats = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        if func not in PRODUCTS or not floats or any(tensor.dtype != torch.bfloat16 for tensor in floats):
+        if not floats or any(tensor.dtype != torch.bfloat16 for tensor in floats):
             return func(*args, **kwargs)
         result = func(*map(widened, args), **{name: widened(value) for name, value in kwargs.items()})
         return result.to(torch.bfloat16)
