@@ -24,7 +24,8 @@ SmolLM2-135M-Instruct, whose template adds a system turn). `plain` is the defaul
 passkeys. `--batch-size` prompts of one task and length are padded on the left and generated together. Resumable:
 a task whose prediction file is complete for its settings (model, layout, dtype, device, prompt format, batch size,
 the data file's sha256, samples, --keep-inputs) is skipped; files are written whole (a temporary file renamed), so an
-interrupted task leaves no file or a stale one, and is redone. After a layout's tasks at L, its continuation
+interrupted task leaves no file or a stale one, and is redone from the batches it kept (`benchmarks.task_progress`:
+{task}.progress.json, a stop loses the batch it was in). After a layout's tasks at L, its continuation
 perplexity on `--ppl-blocks` blocks of L tokens (kept likewise). Then the report.
 
 report: OUT/results.json (per length and layout: each task's score and nulls, the average, the average as a share
@@ -67,7 +68,8 @@ reads the same data/ files and writes the same pred/ files, which `report` then 
   `nll`, `scored_tokens`, `blocks`, `block_tokens`, `context_tokens`, `tokens_sha256`, and the run's `settings`,
   `started`, `seconds`, `device`, `machine`.
 - OUT/pred/{layout}/{L}/{task}.run.json: this runner's own resume record (settings, sha256 of the prediction file,
-  start time, seconds, device, `uptime` before and after); another runner leaves it out.
+  start time, seconds, device, `uptime` before and after; `parts`: the runs that answered it, when more than one);
+  another runner leaves it out.
 The report reads every OUT/pred/{layout}/{L}/{task}.jsonl (`pred` and `outputs`), layout.json where there is one,
 the `*.run.json` records (device, dtype, seconds, `uptime`) where there are some, and data/generation.json's seeds
 and tokenizers; the layout named `unmodified` is the reference.
@@ -90,7 +92,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
-from benchmarks import continuation, float32_products
+from benchmarks import continuation, float32_products, task_progress
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
@@ -457,22 +459,19 @@ def complete(folder: Path, task: str, settings: dict) -> bool:
 
 def predict_task(answer, records: list[dict], folder: Path, task: str, settings: dict, args) -> None:
     """FOLDER/TASK.jsonl from `answer` (records of one batch -> their answers) on `--batch-size` records at a time,
-    then FOLDER/TASK.run.json, each written whole."""
-    before, started, start = machine_load(), time.time(), time.perf_counter()
-    predictions = []
-    for first in range(0, len(records), args.batch_size):
-        batch = records[first : first + args.batch_size]
-        predictions += [prediction(record, reply, args.keep_inputs)
-                        for record, reply in zip(batch, answer(batch), strict=True)]  # fmt: skip
+    then FOLDER/TASK.run.json, each written whole; the batches answered so far are kept (`benchmarks.task_progress`),
+    so a run stopped inside the task resumes it."""
+    batches = [records[first : first + args.batch_size] for first in range(0, len(records), args.batch_size)]
+    answers, run = task_progress.answer_batches(folder, task, settings, batches, answer, machine_load)
+    predictions = [prediction(record, reply, args.keep_inputs) for record, reply in zip(records, answers, strict=True)]
     text = jsonl(predictions)
     write_whole(folder / f"{task}.jsonl", text)
-    seconds = time.perf_counter() - start
     write_whole(folder / f"{task}.run.json", json.dumps({
-        "settings": settings, "sha256": sha256(text), "started": started, "seconds": seconds,
-        "device": describe_machine(args.device),
-        "machine": {"before": before, "after": machine_load()}}, indent=1) + "\n")  # fmt: skip
-    print(f"{folder / task}: {ruler.score(task, *predictions_and_references(predictions))} in {seconds:.1f} s",
-          flush=True)  # fmt: skip
+        "settings": settings, "sha256": sha256(text), "device": describe_machine(args.device)} | run,
+        indent=1) + "\n")  # fmt: skip
+    task_progress.clear(folder, task)
+    print(f"{folder / task}: {ruler.score(task, *predictions_and_references(predictions))} in "
+          f"{run['seconds']:.1f} s", flush=True)  # fmt: skip
 
 
 def measure_continuation(model, blocks: torch.Tensor, out: Path, layout: dict, args) -> None:

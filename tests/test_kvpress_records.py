@@ -150,6 +150,33 @@ def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
     assert not run_presses.complete(out, "vt", settings)
 
 
+def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(tmp_path, records, monkeypatch):
+    monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
+    run_presses.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), run_presses.jsonl(records["vt"]))
+    args = argparse.Namespace(output_dir=str(tmp_path), lengths=[1024], tasks=["vt"], samples=2, model="m.gguf",
+                              tokenizer=None, dtype="float32", device="cpu", effective_format="chat",
+                              keep_inputs=False, float32_products=False, ppl_blocks=0)  # fmt: skip
+    asked, stops = [], [1]  # the machine taken back once, on the second record
+
+    def answer(record: dict, press: None) -> dict:
+        if record["index"] in stops:
+            stops.remove(record["index"])
+            raise KeyError("stopped")
+        asked.append(record["index"])
+        return answers([record], True)[0]
+
+    with pytest.raises(KeyError, match="stopped"):
+        run_presses.run_press(answer, None, "no_press", None, args)
+    run_presses.run_press(answer, None, "no_press", None, args)
+    assert asked == [0, 1]
+    out = run_presses.pred_folder(tmp_path, "kvpress-no_press", 1024)
+    whole = answers(records["vt"], True)
+    assert [p["pred"] for p in run_presses.read_jsonl(out / "vt.jsonl")] == [a["pred"] for a in whole]
+    record = json.loads((out / "vt.kvpress.json").read_text())
+    assert record["parts"] == 2 and record["kv"] == {"kept": 2 * 480, "tokens": 2 * 930}
+    assert not (out / "vt.progress.json").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -129,6 +129,35 @@ def test_a_rerun_skips_complete_task_files_and_redoes_broken_or_stale_ones(tmp_p
     assert fake.calls == [task for task in TASKS for _ in range(2)] * 2
 
 
+class Stopped(Exception):
+    """The run stopped inside a task (the machine taken back)."""
+
+
+def test_a_task_stopped_part_way_resumes_with_the_batches_it_had_not_answered(tmp_path, fake, monkeypatch):
+    argv = ["--tasks", "vt", "--batch-size", "1", "--ppl-blocks", "0"]
+    ruler_benchmark.main(quick(tmp_path / "whole", *argv))
+    fake.calls.clear()
+
+    def stop_at_the_second_batch(*args):
+        if len(fake.calls) == 1:
+            raise Stopped
+        return fake(*args)
+
+    monkeypatch.setattr(ruler_benchmark, "model_answers", stop_at_the_second_batch)
+    with pytest.raises(Stopped):
+        ruler_benchmark.main(quick(tmp_path / "parts", *argv))
+    monkeypatch.setattr(ruler_benchmark, "model_answers", fake)
+    ruler_benchmark.main(quick(tmp_path / "parts", *argv))
+    assert fake.calls == ["vt"] * 4  # the first run's one batch, then the unmodified model's second and the layout's 2
+    relative = {folder: {path.relative_to(folder): text for path, text in files(folder).items()}
+                for folder in (tmp_path / "whole", tmp_path / "parts")}  # fmt: skip
+    assert relative[tmp_path / "parts"] == relative[tmp_path / "whole"]
+    runs = {layout: json.loads((tmp_path / "parts" / "pred" / layout / "1024" / "vt.run.json").read_text())
+            for layout in ("unmodified", HYBRID)}  # fmt: skip
+    assert runs["unmodified"]["parts"] == 2 and "parts" not in runs[HYBRID]
+    assert not list((tmp_path / "parts").rglob("*.progress.json"))
+
+
 def write_predictions(folder: Path, layout: str, scores: list[int], kv_share: float | None, **record) -> None:
     """100 records per task of TASKS + cwe, the first `score` answered right, the others with nothing; layout.json
     with `kv_share` and `record`'s keys."""

@@ -88,7 +88,8 @@ OUT/pred/{layout}/{L}/summary.csv, OUT/pred/{layout}/layout.json (with this runn
 Resumable: a task whose prediction file is complete for its settings (its resume record
 OUT/pred/{layout}/{L}/{task}.kvpress.json says so: settings, the file's sha256, start, seconds, device, kv counts,
 `uptime` before and after; not the `.run.json` name, which the contract keeps for benchmarks.ruler) is skipped, and
-every file is written whole (a temporary file renamed).
+every file is written whole (a temporary file renamed); a task stopped part way resumes from the records it answered
+(`benchmarks/task_progress.py`, as benchmarks.ruler does: a stop loses the record it was on).
 """
 
 import argparse
@@ -108,7 +109,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for benchmarks/continuation.py
-from benchmarks import continuation, float32_products  # noqa: E402  (torch alone: no hf_attn, no transformers)
+from benchmarks import continuation, float32_products, task_progress  # noqa: E402  (no hf_attn, no transformers)
 
 # RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
 NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
@@ -747,11 +748,13 @@ def run_press(answer: Callable[[dict, object | None], dict], press: object | Non
                 print(f"{out / task}: complete, kept", flush=True)
                 continue
             calibrate(press, name, model, layout)
-            before, started, start = machine_load(), time.time(), time.perf_counter()
-            answers = [answer(record, press) for record in records]
-            run = {"started": started, "seconds": time.perf_counter() - start, "device": describe_machine(args.device),
-                   "machine": {"before": before, "after": machine_load()}}  # fmt: skip
+            one_by_one = [[record] for record in records]  # the pipeline answers one record at a time
+            answers, run = task_progress.answer_batches(
+                out, task, settings, one_by_one, lambda batch: [answer(batch[0], press)], machine_load
+            )
+            run["device"] = describe_machine(args.device)
             predictions = write_task(out, task, records, answers, settings, run, args.keep_inputs)
+            task_progress.clear(out, task)
             preds = [postprocess(p["pred"]) for p in predictions]
             print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
                   flush=True)  # fmt: skip
