@@ -91,6 +91,28 @@ def test_other_dtypes_other_calls_and_mixed_dtypes_are_left_as_they_are():
     assert recorder.dtypes == [{torch.float32}] * 2 + [{torch.float64}] * 2 + [{torch.bfloat16, torch.float32}]
 
 
+def test_a_parameters_float32_copy_is_made_once_and_again_after_it_changes():
+    """A weight's copy is kept for the next product (decoding multiplies by every weight at each token), and a
+    weight changed in place is widened again: the products stay exact for small integers throughout."""
+    a, b, _ = bfloat16_inputs(integers=True)
+    linear = torch.nn.Linear(8, 16, bias=False).bfloat16()
+    with torch.no_grad():
+        linear.weight.copy_(b)
+    mode = Float32Products()
+    with torch.no_grad():
+        with mode:
+            first = linear(a.transpose(1, 2))
+        assert torch.equal(first, linear(a.transpose(1, 2)))  # PyTorch's bfloat16 kernel, outside the mode
+        kept = mode.parameters[id(linear.weight)][2]
+        with mode:
+            linear(a.transpose(1, 2))
+        assert mode.parameters[id(linear.weight)][2] is kept and kept.dtype == torch.float32
+        linear.weight.mul_(2)
+        with mode:
+            changed = linear(a.transpose(1, 2))
+        assert torch.equal(changed, 2 * first) and mode.parameters[id(linear.weight)][2] is not kept
+
+
 def test_a_bfloat16_llama_is_as_far_from_its_float32_logits_as_with_pytorchs_bfloat16_kernels():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
