@@ -545,7 +545,7 @@ def test_bad_input_is_refused_naming_what_is_allowed(make, arguments, message):
 
 
 def test_attn_implementation_takes_sdpa_and_eager_and_refuses_the_others():
-    """"eager" writes every head out (tests/test_half_precision.py compares it with "sdpa"); a model loaded eager
+    """`eager` writes every head out (tests/test_half_precision.py compares it with `sdpa`); a model loaded eager
     stays eager once hybridized; anything else is refused in transformers' words."""
     model = hybridize(tiny("llama"), num_local_heads=4)
     assert model.config._attn_implementation == "hf_attn_hybrid"
