@@ -147,9 +147,7 @@ def positional_rows(config, kwargs: dict, cache, length: int, device, dtype) -> 
     )
     check_positions_fit(config, key_positions)
     encode = FIXED_ROWS[config.positional_encoding]
-    return tuple(
-        encode(p, config.positional_encoding_dim).to(dtype) for p in (position_ids, key_positions)
-    )
+    return tuple(encode(p, config.positional_encoding_dim).to(dtype) for p in (position_ids, key_positions))
 
 
 def check_positions_fit(config, positions: torch.Tensor) -> None:
