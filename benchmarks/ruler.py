@@ -378,6 +378,9 @@ def load(args) -> tuple:
         model = transformers.LlamaForCausalLM(config).to(DTYPES[args.dtype])
     else:  # `dtype` when loading: `.to` after would round the rotary frequencies too
         model, tokenizer = load_causal_lm(args.model, dtype=DTYPES[args.dtype]), load_tokenizer(args.tokenizer)
+    if args.prompt_format == "chat" and not tokenizer.chat_template:  # refused here, not mid-run
+        raise SystemExit(f"--prompt-format chat needs a tokenizer with a chat template; {args.tokenizer}'s has none: "
+                         "use --prompt-format plain")  # fmt: skip
     return model.to(args.device).eval(), tokenizer
 
 

@@ -355,6 +355,12 @@ def test_quick_runs_end_to_end_with_a_tiny_llama(tmp_path, tokenizer):
     assert ruler_benchmark.model_answers(model, tokenizer, "plain", records) == alone
 
 
+def test_chat_prompts_need_a_chat_template_and_say_so_before_any_task(tmp_path):
+    with pytest.raises(SystemExit, match="--prompt-format chat needs a tokenizer with a chat template.*gpt2-tokenizer"):
+        ruler_benchmark.main(quick(tmp_path, "--prompt-format", "chat"))  # GPT-2's tokenizer has none
+    assert not (tmp_path / "pred").exists()
+
+
 def test_layouts_only_leaves_the_unmodified_models_predictions_alone(tmp_path):
     ruler_benchmark.main(quick(tmp_path, "--tasks", "niah_single_1", "--ppl-blocks", "0", "--layouts-only"))
     assert sorted(path.name for path in (tmp_path / "pred").iterdir()) == [HYBRID]
