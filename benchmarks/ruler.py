@@ -92,7 +92,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
-from benchmarks import continuation, float32_products, task_progress
+from benchmarks import continuation, float32_products, paired_bootstrap, task_progress
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
@@ -543,6 +543,18 @@ def task_results(folder: Path) -> dict[str, dict]:
     return results
 
 
+def record_scores(folder: Path) -> dict[str, dict[int, float]]:
+    """Per task with a prediction file in FOLDER: each record's `match_fraction` (0-1) by its index."""
+    scores = {}
+    for task in ruler.TASKS:
+        if (path := folder / f"{task}.jsonl").is_file():
+            records = read_jsonl(path)
+            preds, references = predictions_and_references(records)
+            scores[task] = {record["index"]: ruler.match_fraction(pred, outputs)
+                            for record, pred, outputs in zip(records, preds, references, strict=True)}  # fmt: skip
+    return scores
+
+
 def average(results: dict[str, dict]) -> float:
     return round(sum(result["score"] for result in results.values()) / len(results), 2)
 
@@ -597,10 +609,11 @@ def budget_level(kv_share: float) -> str:
     return f"{round(kv_share * 20) / 20:.2f}"
 
 
-def budgets(rows: dict[str, dict], layouts: dict[str, dict]) -> dict[str, dict]:
+def budgets(rows: dict[str, dict], layouts: dict[str, dict], scores: dict[str, dict]) -> dict[str, dict]:
     """Hybridized layouts (`config` in layout.json) beside kvpress's presses (`runner`) at each KV budget below the
     whole cache, the rows with every task of the unmodified model's only: each kind best first, and the best
-    hybridized layout's average less the best press's (`ahead`: above every press; None where a kind is missing)."""
+    hybridized layout's average less the best press's (`ahead`: above every press; None where a kind is missing) with
+    its 95% interval (`paired_interval`, from SCORES: per row, `record_scores`; None where the records differ)."""
     tasks = set(rows.get(UNMODIFIED.name, {}).get("scores", {}))
     grouped: dict[str, dict[str, list]] = {}
     for name, figures in rows.items():
@@ -615,8 +628,18 @@ def budgets(rows: dict[str, dict], layouts: dict[str, dict]) -> dict[str, dict]:
             entries.sort(key=lambda entry: -entry["average"])
         both = group["hybridized"] and group["presses"]
         margin = group["hybridized"][0]["average"] - group["presses"][0]["average"] if both else None
-        table[level] = group | {"margin": margin, "ahead": None if margin is None else margin > 0}
+        interval = paired_interval(*(scores[group[kind][0]["name"]] for kind in group)) if both else None
+        table[level] = group | {"margin": margin, "ahead": None if margin is None else margin > 0, "interval": interval}
     return table
+
+
+def paired_interval(first: dict[str, dict], second: dict[str, dict]) -> list[float] | None:
+    """`paired_bootstrap.difference_interval` of two rows' `record_scores`, where they scored the same records."""
+    if first.keys() != second.keys() or any(first[task].keys() != second[task].keys() for task in first):
+        return None
+    in_order = [{task: [by_index[index] for index in sorted(by_index)] for task, by_index in row.items()}
+                for row in (first, second)]  # fmt: skip
+    return list(paired_bootstrap.difference_interval(*in_order))
 
 
 def runs_of(folder: Path) -> dict:
@@ -649,7 +672,8 @@ def results(folder: Path, argv: list[str]) -> dict:
         for name, figures in table[length].items():
             if record := read_json(pred_folder(folder, name, int(length)) / continuation.FILE):
                 figures["continuation"] = {key: record[key] for key in CONTINUATION_KEYS}
-        by_budget[length] = budgets(table[length], layouts)
+        scores = {name: record_scores(pred_folder(folder, name, int(length))) for name in per_layout}
+        by_budget[length] = budgets(table[length], layouts, scores)
     data = read_json(folder / "data" / "generation.json") or {}
     return {"command": shlex.join(["python", "-m", "benchmarks.ruler", *argv]), "lengths": table, "budgets": by_budget,
             "layouts": {name: {key: value for key, value in layout.items() if key != "head_layout"}
@@ -736,7 +760,7 @@ def budget_table(length: str, levels: dict[str, dict]) -> list[str]:
     if not levels:
         return []
     header = ["KV share", "best hybridized layout", "average", "best press", "average", "difference (points)",
-              "hybridized ahead of every press", "every row, best first"]  # fmt: skip
+              "95% interval", "hybridized ahead of every press", "every row, best first"]  # fmt: skip
     lines = [f"### {int(length):,} tokens: hybridized layouts beside kvpress's presses, by KV budget", "",
              "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]  # fmt: skip
     for level, group in levels.items():
@@ -744,11 +768,16 @@ def budget_table(length: str, levels: dict[str, dict]) -> list[str]:
                 for kind in ("hybridized", "presses")]  # fmt: skip
         everyone = sorted(group["hybridized"] + group["presses"], key=lambda entry: -entry["average"])
         ahead = {True: "yes", False: "**no**", None: "n/a"}[group["ahead"]]
-        cells = [level, *best[0], *best[1], "-" if group["margin"] is None else f"{group['margin']:+.2f}", ahead,
+        margin = "-" if group["margin"] is None else f"{group['margin']:+.2f}"
+        interval = "-" if group.get("interval") is None else "{:+.2f} to {:+.2f}".format(*group["interval"])
+        cells = [level, *best[0], *best[1], margin, interval, ahead,
                  ", ".join(f"{entry['name']} {number(entry['average'])}" for entry in everyone)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, "", "Rows with every task of the unmodified model's, grouped by their KV share at long context "
-            "to the nearest 0.05; n/a: a budget without a hybridized layout or without a press.", ""]  # fmt: skip
+            "to the nearest 0.05; n/a: a budget without a hybridized layout or without a press. 95% interval: of the "
+            f"difference, by a paired bootstrap over the records ({paired_bootstrap.RESAMPLES:,} resamples of each "
+            "task's records, the same for both rows), for that pair; it leaves out that each is the best of its kind "
+            "on these same records.", ""]  # fmt: skip
 
 
 def unchecked_reloads(layouts: dict[str, dict]) -> list[str]:

@@ -231,11 +231,16 @@ def test_report_sets_hybridized_layouts_beside_presses_at_each_kv_budget(tmp_pat
                      "0.25": [[], ["kvpress-knorm-0.75"]]}  # fmt: skip
     margins = {level: (group["margin"], group["ahead"]) for level, group in levels.items()}
     assert margins == {"0.75": (pytest.approx(-2), False), "0.50": (pytest.approx(1), True), "0.25": (None, None)}
+    intervals = {level: group["interval"] for level, group in levels.items()}
+    assert intervals["0.25"] is None  # no pair
+    (low, high), (low_75, high_75) = intervals["0.50"], intervals["0.75"]
+    assert low < 0 < 1 < high  # 11 records differ of 300: could go either way
+    assert -4 < low_75 < -2 < high_75 < 0  # the press right on 6 more records, never behind: always ahead
     report = (tmp_path / "results.md").read_text()
-    assert ("| 0.50 | k256-f0.5 | 95 | kvpress-duo-0.5 | 94 | +1.00 | yes | k256-f0.5 95, kvpress-duo-0.5 94, "
-            "k64-f0.5 90 |") in report  # fmt: skip
-    assert "| 0.75 | k64-f0.25 | 98 | kvpress-snapkv-0.25 | 100 | -2.00 | **no** |" in report
-    assert "| 0.25 | - | - | kvpress-knorm-0.75 | 10 | - | n/a | kvpress-knorm-0.75 10 |" in report
+    assert (f"| 0.50 | k256-f0.5 | 95 | kvpress-duo-0.5 | 94 | +1.00 | {low:+.2f} to {high:+.2f} | yes | k256-f0.5 95, "
+            "kvpress-duo-0.5 94, k64-f0.5 90 |") in report  # fmt: skip
+    assert "| 0.75 | k64-f0.25 | 98 | kvpress-snapkv-0.25 | 100 | -2.00 | " in report
+    assert "| 0.25 | - | - | kvpress-knorm-0.75 | 10 | - | - | n/a | kvpress-knorm-0.75 10 |" in report
 
 
 def test_report_sets_the_continuation_perplexity_beside_the_unmodified_models(tmp_path):
