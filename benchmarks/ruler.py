@@ -628,7 +628,8 @@ def budgets(rows: dict[str, dict], layouts: dict[str, dict], scores: dict[str, d
             entries.sort(key=lambda entry: -entry["average"])
         both = group["hybridized"] and group["presses"]
         margin = group["hybridized"][0]["average"] - group["presses"][0]["average"] if both else None
-        interval = paired_interval(*(scores[group[kind][0]["name"]] for kind in group)) if both else None
+        pair = [scores[group[kind][0]["name"]] for kind in ("hybridized", "presses")] if both else None
+        interval = paired_interval(*pair) if pair else None
         table[level] = group | {"margin": margin, "ahead": None if margin is None else margin > 0, "interval": interval}
     return table
 
