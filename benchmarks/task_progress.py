@@ -49,25 +49,50 @@ def answer_batches(folder: Path, task: str, settings: dict, batches: list[list[d
     `seconds` (the time of the answers kept, every part's summed), `machine` (load before the first part, after the
     last), and `parts` when more than one run answered them. The progress file is left for the caller to `clear`
     once the task's own files are written."""
-    progress = kept(folder, task, settings)
-    if progress is None:
-        progress = {"settings": settings, "batches": [], "seconds": 0.0, "started": time.time(),
-                    "before": machine_load(), "parts": 0}  # fmt: skip
-    if len(progress["batches"]) < len(batches):
-        progress["parts"] += 1  # this run answers some
-    for batch in batches[len(progress["batches"]) :]:
+
+    def timed(batch: list[dict], which: list[int]) -> tuple[list[list[dict]], list[float]]:
         start = time.perf_counter()
         answers = ask(batch)
-        if len(answers) != len(batch):
-            raise ValueError(f"{task}: {len(answers)} answers for a batch of {len(batch)} records")
-        progress["batches"].append(answers)
-        progress["seconds"] += time.perf_counter() - start
-        keep(folder, task, progress)
-    run = {"started": progress["started"], "seconds": progress["seconds"],
-           "machine": {"before": progress["before"], "after": machine_load()}}  # fmt: skip
-    if progress["parts"] > 1:
-        run["parts"] = progress["parts"]
-    return [answer for batch in progress["batches"] for answer in batch], run
+        return [answers], [time.perf_counter() - start]
+
+    return answer_together([(folder, settings)], task, batches, timed, machine_load)[0]
+
+
+def answer_together(runs: list[tuple[Path, dict]], task: str, batches: list[list[dict]],
+                    ask: Callable[[list[dict], list[int]], tuple[list[list[dict]], list[float]]],
+                    machine_load: Callable[[], dict]) -> list[tuple[list[dict], dict]]:  # fmt: skip
+    """`answer_batches` for RUNS (each a folder and its settings) that answer the same batches together (kvpress's
+    presses on one shared prefill): `ask(batch, which)` gives, for each run of WHICH (indices into RUNS, those that
+    have not answered the batch yet), its answers and the seconds charged to it. Each run's progress is its own file,
+    as `answer_batches` keeps it, so a run resumes whichever way it was stopped."""
+    progresses = []
+    for folder, settings in runs:
+        progress = kept(folder, task, settings)
+        if progress is None:
+            progress = {"settings": settings, "batches": [], "seconds": 0.0, "started": time.time(),
+                        "before": machine_load(), "parts": 0}  # fmt: skip
+        if len(progress["batches"]) < len(batches):
+            progress["parts"] += 1  # this run answers some
+        progresses.append(progress)
+    for number, batch in enumerate(batches):
+        which = [i for i, progress in enumerate(progresses) if len(progress["batches"]) == number]
+        if not which:
+            continue
+        answers, seconds = ask(batch, which)
+        for i, own, spent in zip(which, answers, seconds, strict=True):
+            if len(own) != len(batch):
+                raise ValueError(f"{task}: {len(own)} answers for a batch of {len(batch)} records")
+            progresses[i]["batches"].append(own)
+            progresses[i]["seconds"] += spent
+            keep(runs[i][0], task, progresses[i])
+    results = []
+    for progress in progresses:
+        run = {"started": progress["started"], "seconds": progress["seconds"],
+               "machine": {"before": progress["before"], "after": machine_load()}}  # fmt: skip
+        if progress["parts"] > 1:
+            run["parts"] = progress["parts"]
+        results.append(([answer for batch in progress["batches"] for answer in batch], run))
+    return results
 
 
 def clear(folder: Path, task: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, DynamicCache
 
 from benchmarks import continuation
 from benchmarks import ruler as ruler_benchmark
@@ -78,7 +78,7 @@ def answers(task_records: list[dict], right: bool) -> list[dict]:
 
 
 def write_layout(folder: Path, press: str, ratio: float, records: dict, right: dict[str, bool], **extra) -> str:
-    """pred/{layout}/ as run_presses.run_press writes it: tasks, summary, layout.json; EXTRA: more settings."""
+    """pred/{layout}/ as run_presses.run_layouts writes it: tasks, summary, layout.json; EXTRA: more settings."""
     layout = run_presses.layout_name(press, ratio)
     out = run_presses.pred_folder(folder, layout, 1024)
     for started, task in enumerate(TASKS):
@@ -158,16 +158,16 @@ def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(t
                               keep_inputs=False, float32_products=False, ppl_blocks=0)  # fmt: skip
     asked, stops = [], [1]  # the machine taken back once, on the second record
 
-    def answer(record: dict, press: None) -> dict:
+    def answer(record: dict, presses: list) -> tuple[list[dict], list[float]]:
         if record["index"] in stops:
             stops.remove(record["index"])
             raise KeyError("stopped")
         asked.append(record["index"])
-        return answers([record], True)[0]
+        return answers([record], True), [1.0]
 
     with pytest.raises(KeyError, match="stopped"):
-        run_presses.run_press(answer, None, "no_press", None, args)
-    run_presses.run_press(answer, None, "no_press", None, args)
+        run_presses.run_layouts(answer, [("no_press", None, None)], args)
+    run_presses.run_layouts(answer, [("no_press", None, None)], args)
     assert asked == [0, 1]
     out = run_presses.pred_folder(tmp_path, "kvpress-no_press", 1024)
     whole = answers(records["vt"], True)
@@ -175,6 +175,100 @@ def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(t
     record = json.loads((out / "vt.kvpress.json").read_text())
     assert record["parts"] == 2 and record["kv"] == {"kept": 2 * 480, "tokens": 2 * 930}
     assert not (out / "vt.progress.json").exists()
+
+
+def test_presses_answered_on_one_prefill_write_each_layouts_files_as_one_at_a_time(tmp_path, records, monkeypatch):
+    """run_layouts with one ASK for several presses (the shared prefill) writes each layout's files as runs of one
+    press each do, only the layouts not complete asked, each charged its own seconds and naming the others."""
+    monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
+    run_presses.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), run_presses.jsonl(records["vt"]))
+    args = argparse.Namespace(output_dir=str(tmp_path), lengths=[1024], tasks=["vt"], samples=2, model="m.gguf",
+                              tokenizer=None, dtype="float32", device="cpu", effective_format="chat",
+                              keep_inputs=False, float32_products=False, ppl_blocks=0)  # fmt: skip
+    members = [("knorm", 0.5, KeepLastPress(4)), ("knorm", 0.25, KeepLastPress(6)), ("no_press", None, None)]
+    asked = []
+
+    def answer(record: dict, presses: list) -> tuple[list[dict], list[float]]:  # the press's keep as the answer
+        asked.append((record["index"], presses))
+        right = answers([record], True)[0]
+        return [right | {"pred": str(getattr(press, "keep", None))} for press in presses], [2.0] * len(presses)
+
+    run_presses.run_layouts(answer, members[2:], args)  # no_press first, alone
+    run_presses.run_layouts(answer, members, args)
+    assert asked[2:] == [(index, [KeepLastPress(4), KeepLastPress(6)]) for index in (0, 1)]
+    for (name, ratio, press), pred in zip(members, ["4", "6", "None"], strict=True):
+        out = run_presses.pred_folder(tmp_path, run_presses.layout_name(name, ratio), 1024)
+        assert [p["pred"] for p in run_presses.read_jsonl(out / "vt.jsonl")] == [pred, pred]
+        record = json.loads((out / "vt.kvpress.json").read_text())
+        assert record["settings"]["press"] == repr(press) and record["seconds"] == 4.0
+        assert record.get("prefill_shared_with") == {"4": ["kvpress-knorm-0.25"], "6": ["kvpress-knorm-0.5"]}.get(pred)
+        layout = json.loads((out.parent / "layout.json").read_text())
+        assert layout["runs"]["tasks"] == 1
+        assert ("prefilled once for this layout and 1 other (`--prefill shared`: kvpress-knorm-0." in
+                layout["description"]) == (press is not None)  # fmt: skip
+
+
+@dataclasses.dataclass
+class NormPress:
+    """A stand-in for a press that compresses as kvpress's BasePress does, in a hook after each attention layer of
+    the prefill: the KEEP tokens of largest hidden-state norm kept (in order), or, HEAD_WISE, every head's keys of
+    smallest norm but KEEP masked (`masked_key_indices`, as AdaKV and DuoAttention do). `press(model)` hooks it as
+    BasePress.__call__ does."""
+
+    keep: int
+    head_wise: bool = False
+
+    def post_init_from_model(self, model) -> None:
+        pass
+
+    def forward_hook(self, module, args, kwargs, output):
+        layer = kwargs["cache"].layers[module.layer_idx]
+        if self.head_wise:
+            order = layer.keys.norm(dim=-1).argsort(dim=-1)[..., : -self.keep]  # (B, H, T - keep)
+            batch, head = torch.meshgrid(*(torch.arange(n) for n in order.shape[:2]), indexing="ij")
+            shape = order.shape
+            module.masked_key_indices = (batch[..., None].expand(shape).flatten(), head[..., None].expand(shape)
+                                         .flatten(), order.flatten())  # fmt: skip
+        else:
+            kept = kwargs["hidden_states"].norm(dim=-1).topk(self.keep, dim=-1).indices.sort(dim=-1).values
+            index = kept[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+        return output
+
+    @contextlib.contextmanager
+    def __call__(self, model):
+        hooks = [block.self_attn.register_forward_hook(self.forward_hook, with_kwargs=True)
+                 for block in model.model.layers]  # fmt: skip
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+
+def test_one_prefill_leaves_each_press_the_cache_and_masks_its_own_prefill_leaves():
+    """shared_prefill against the reference, each press's own prefill under its own hooks (kvpress's route): the
+    same keys, values and masked key indices, layer by layer, bit for bit; None keeps the whole cache."""
+    model, generator = tiny_llama(False), torch.Generator().manual_seed(5)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 40), generator=generator)
+    presses = [NormPress(12), NormPress(7, head_wise=True), NormPress(25), None]
+    with torch.no_grad():
+        shared = run_presses.shared_prefill(model, ids, presses)
+        assert all(block.self_attn.masked_key_indices is None for block in model.model.layers)  # left as it found them
+        for press, (cache, masked) in zip(presses, shared, strict=True):
+            own = DynamicCache()
+            for block in model.model.layers:
+                block.self_attn.masked_key_indices = None
+            with press(model) if press is not None else contextlib.nullcontext():
+                model.model(input_ids=ids, cache=own)
+            for layer, (mine, reference) in enumerate(zip(cache.layers, own.layers, strict=True)):
+                assert torch.equal(mine.keys, reference.keys) and torch.equal(mine.values, reference.values)
+                expected = model.model.layers[layer].self_attn.masked_key_indices
+                assert (masked[layer] is None) == (expected is None)
+                if expected is not None:
+                    assert all(torch.equal(a, b) for a, b in zip(masked[layer], expected, strict=True))
+            kept = {12: 12, 7: 40, 25: 25, None: 40}[getattr(press, "keep", None)]
+            assert cache.get_seq_length() == kept and (masked[0] is not None) == getattr(press, "head_wise", False)
 
 
 @pytest.mark.parametrize(

@@ -79,3 +79,46 @@ def test_clear_leaves_no_progress_and_the_next_run_asks_everything(tmp_path):
 def test_a_model_giving_too_few_answers_is_refused_naming_the_task(tmp_path):
     with pytest.raises(ValueError, match="vt: 1 answers for a batch of 2 records"):
         run(tmp_path, lambda batch: [{"pred": ""}])
+
+
+class Together:
+    """Answers for several runs at once: run i answers record r with "i:r", charged 10 (i + 1) seconds; stops when
+    asked for its call `stop_at` (counted from 0)."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.asked: list[tuple[int, list[int]]] = []
+        self.stop_at = stop_at
+
+    def __call__(self, batch: list[dict], which: list[int]) -> tuple[list[list[dict]], list[float]]:
+        if len(self.asked) == self.stop_at:
+            raise Stop
+        self.asked.append((batch[0]["index"], which))
+        answers = [[{"pred": f"{i}:{record['index']}"} for record in batch] for i in which]
+        return answers, [10.0 * (i + 1) for i in which]
+
+
+def test_runs_answered_together_each_resume_from_their_own_progress(tmp_path):
+    """Two runs sharing each batch's work (kvpress's presses on one prefill): one kept two batches from a run of its
+    own, the other none; together, each is asked only the batches it lacks, charged the seconds given for it, and
+    leaves the progress `answer_batches` reads back."""
+    with pytest.raises(Stop):
+        run(tmp_path / "first", Model(stop_at=2))
+    runs = [(tmp_path / "first", SETTINGS), (tmp_path / "second", SETTINGS)]
+    with pytest.raises(Stop):  # the machine taken back at the third call
+        task_progress.answer_together(runs, "vt", BATCHES, stopped := Together(stop_at=2), load)
+    assert stopped.asked == [(0, [1]), (2, [1])]
+    rest = Together()
+    (first, first_run), (second, second_run) = task_progress.answer_together(runs, "vt", BATCHES, rest, load)
+    assert rest.asked == [(4, [0, 1])]
+    assert first == [{"pred": "0"}, {"pred": "1"}, {"pred": "4"}, {"pred": "9"}, {"pred": "0:4"}, {"pred": "0:5"}]
+    assert second == [{"pred": f"1:{i}"} for i in range(6)]
+    assert second_run["seconds"] == 60.0 and second_run["parts"] == 2 and first_run["parts"] == 2
+    assert first_run["seconds"] >= 10.0
+    never = Model()
+    assert run(tmp_path / "second", never)[0] == second and never.asked == []  # read back by answer_batches
+
+
+def test_runs_answered_together_are_refused_too_few_answers_naming_the_task(tmp_path):
+    with pytest.raises(ValueError, match="vt: 1 answers for a batch of 2 records"):
+        task_progress.answer_together([(tmp_path, SETTINGS)], "vt", BATCHES,
+                                      lambda batch, which: ([[{"pred": ""}]], [0.0]), load)  # fmt: skip

@@ -67,6 +67,19 @@ keys it drops behind kvpress's fake key, which --quick's random model lets kvpre
 Not here: DMSPress (a score threshold, no ratio to match), the decoding presses (they compress during generation)
 and presses that are not head-wise beyond the four above (one line each in PRESSES).
 
+One prefill for every press (`--prefill shared`, the default). A press compresses a layer's cache in the hook
+kvpress's BasePress puts after that layer's attention, once the layer's output is computed, so the prefill itself is
+the same under every press and under none: the presses differ only in what each layer's cache keeps. So each record's
+context is prefilled once, with one hook per layer that hands each press (every one but kvzip, which prefills again
+in a hook of its own; `shareable`) a copy of the layer's keys and values in a cache of its own and calls that press's
+own `forward_hook` on it, as its own prefill would, keeping the keys a head-wise press masks; each press's question
+and answer are then decoded by the pipeline's own `generate_answer` on its cache, the masks in place. A task's
+seconds charge each layout its own decoding and an equal share of the prefill; its resume record names the layouts it
+shared with. `--prefill per-press` calls the pipeline once per press and record, as kvpress's evaluation does.
+Checked: tests/test_kvpress_records.py compares the caches and masks with each press's own prefill bit for bit (stand-in
+presses, hf_attn's transformers); --quick's 10 presses at 3 ratios give the same 112 predictions and kv counts either
+way; on SmolLM2-135M the shared route gives the published per-press rows' predictions (docs/ruler.md).
+
 Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
 `kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
 counted, plus the question and the generated tokens, over all of them, summed over the records at L). DuoAttention:
@@ -168,6 +181,7 @@ OFFLINE_MISSING = {
 DEFAULT_PRESSES = ["no_press", "streaming_llm", "snapkv", "knorm", "expected_attention", "duo_attention",
                    *sorted(HEAD_WISE - {"duo_attention"})]  # fmt: skip
 PROMPT_FORMATS = ("chat", "plain")
+PREFILLS = ("shared", "per-press")
 NO_TRUNCATION = 10**12  # the pipeline's max_context_length: never cut the context (RULER's truncation -1)
 # Defaults left None on the command line: the full run's, and --quick's.
 SIZES = {
@@ -189,6 +203,10 @@ QUICK_TOKENIZER = "../shared/data/gpt2-tokenizer"
 # model's, are in one only when a key/value head's queries (2 query heads x ~55 question tokens here) are <= head_dim.
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=128)  # fmt: skip
+
+Member = tuple[str, float | None, object | None]  # a layout's press name, ratio and kvpress press (None: no press)
+# ask(record, presses) -> each press's answer to the record, and the seconds charged to each
+Ask = Callable[[dict, list], tuple[list[dict], list[float]]]
 
 
 # --- files (no torch, transformers or kvpress here: tests/test_kvpress_records.py imports these) -----------------
@@ -387,6 +405,7 @@ def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str
         what = (f"kvpress's {press_repr} through its kv-press-text-generation pipeline: the prefill is exact and "
                 f"frees no memory while it runs; after it, the press keeps {share:.0%} of the context's key/value "
                 f"pairs{how}; the question and the answer are not compressed")  # fmt: skip
+    shared = sorted({layout for record in records for layout in record.get("prefill_shared_with", [])})
     where = ""
     if records:
         versions = settings.get("versions", {})
@@ -397,6 +416,9 @@ def layout_record(folder: Path, press: str, ratio: float | None, press_repr: str
                  f"{sum(record['seconds'] for record in records) / 60:.1f} min of predictions; `uptime` at the "
                  f"first: `{records[0]['machine']['before']['uptime']}`, at the last: "
                  f"`{records[-1]['machine']['after']['uptime']}`")  # fmt: skip
+    if shared:
+        where += (f"; each record's context prefilled once for this layout and {len(shared)} "
+                  f"other{'s' * (len(shared) > 1)} (`--prefill shared`: {', '.join(shared)})")  # fmt: skip
     return {"name": folder.name, "kv_share": share,
             "kv_share_at": {length: kept / tokens for length, (kept, tokens) in sorted(kv_at.items(), key=lambda item:
                             int(item[0])) if tokens},
@@ -452,6 +474,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ppl-blocks", type=int, help=f"WikiText-2 test blocks of L tokens for the continuation perplexity "
         f"(benchmarks/continuation.py; default {continuation.BLOCKS}, --quick 2; 0: none)")  # fmt: skip
     add("--ppl-text", default=PPL_TEXT, help=f"the continuation perplexity's text (default {PPL_TEXT})")
+    add("--prefill", choices=PREFILLS, default="shared", help="shared (default): one prefill of each record serves "
+        "every press that compresses in kvpress's BasePress hook (all but kvzip), each press compressing its own copy "
+        "of each layer's keys and values and then decoding through the pipeline's generate_answer: the answers of "
+        "per-press, kvpress's pipeline called once per press, in a fraction of the time")  # fmt: skip
     add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record")
     add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer on outputs/ruler-quick's "
         "data: 2 samples of 2 tasks at 1024 tokens, 2 presses at ratio 0.5; the plumbing, not the scores")  # fmt: skip
@@ -544,10 +570,13 @@ def load(args: argparse.Namespace) -> tuple:
     return model.to(args.device).eval(), tokenizer
 
 
-def answerer(model, tokenizer) -> Callable[[dict, object | None], dict]:
-    """A function (record, press) -> the record's answer through kvpress's pipeline: `pred` (cut before the first
-    end-of-sequence token), `prompt_tokens`, `new_tokens`, and the cache's `kept_tokens` of its `cache_tokens`."""
+def answerers(model, tokenizer) -> tuple[Ask, Ask]:
+    """Two ways to answer a record under presses, the same answers: through kvpress's pipeline, one press at a time,
+    and on one prefill shared by the presses (`shared_prefill`), each then decoded by the pipeline's own
+    `generate_answer` on its press's cache. An answer: `pred` (cut before the first end-of-sequence token),
+    `prompt_tokens`, `new_tokens`, and the cache's `kept_tokens` of its `cache_tokens`."""
     import kvpress  # noqa: F401  (registers "kv-press-text-generation" and patches attention for head-wise presses)
+    import torch
     from transformers import DynamicCache, pipeline
 
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
@@ -556,24 +585,106 @@ def answerer(model, tokenizer) -> Callable[[dict, object | None], dict]:
     chosen: list[int] = []  # the pipeline's greedy tokens: the argmax of each decoding call's last logits
     model.register_forward_hook(lambda module, args, output: chosen.append(int(output.logits[0, -1].argmax())))
 
-    def answer(record: dict, press: object | None) -> dict:
+    def prompt(record: dict) -> tuple[str, str, str, dict]:
         context, question, answer_prefix = split_prompt(record)
         ids = pipe.preprocess(context, questions=[question], answer_prefix=answer_prefix,
                               max_context_length=NO_TRUNCATION)  # fmt: skip
+        return context, question, answer_prefix, ids
+
+    def answered(ids: dict, kept: float) -> dict:
         context_tokens, question_tokens = ids["context_ids"].shape[1], ids["questions_ids"][0].shape[1]
+        cut = next((i for i, token in enumerate(chosen) if token in eos), len(chosen))
+        return {
+            "pred": tokenizer.decode(chosen[:cut], skip_special_tokens=True),
+            "prompt_tokens": context_tokens + question_tokens,
+            "new_tokens": cut,
+            "kept_tokens": kept + question_tokens + cut,
+            "cache_tokens": context_tokens + question_tokens + cut,
+        }
+
+    def one_press(record: dict, presses: list) -> tuple[list[dict], list[float]]:
+        (press,) = presses
+        start = time.perf_counter()
+        context, question, answer_prefix, ids = prompt(record)
         cache = DynamicCache()
         if getattr(press, "streaming_mask", False) is None:  # DuoAttention's calibration: its forward passes, not ours
             press.post_init_from_model(model)
         chosen.clear()
         pipe(context, question=question, answer_prefix=answer_prefix, press=press, cache=cache,
              max_new_tokens=TASKS[record["task"]], max_context_length=NO_TRUNCATION)  # fmt: skip
-        cut = next((i for i, token in enumerate(chosen) if token in eos), len(chosen))
-        return {"pred": tokenizer.decode(chosen[:cut], skip_special_tokens=True),
-                "prompt_tokens": context_tokens + question_tokens, "new_tokens": cut,
-                "kept_tokens": kept_context(model, cache) + question_tokens + cut,
-                "cache_tokens": context_tokens + question_tokens + cut}  # fmt: skip
+        return [answered(ids, kept_context(model, cache))], [time.perf_counter() - start]
 
-    return answer
+    @torch.no_grad()  # as the pipeline runs its _forward
+    def shared(record: dict, presses: list) -> tuple[list[dict], list[float]]:
+        start = time.perf_counter()
+        *_, ids = prompt(record)
+        context_ids, question_ids = ids["context_ids"].to(model.device), ids["questions_ids"][0].to(model.device)
+        prefilled = shared_prefill(model, context_ids, presses)
+        prefill_seconds, answers, seconds = time.perf_counter() - start, [], []
+        attentions = [block.self_attn for block in model.model.layers]
+        for cache, masked in prefilled:
+            start = time.perf_counter()
+            for attention, indices in zip(attentions, masked, strict=True):
+                attention.masked_key_indices = indices  # where the press's own prefill would have left them
+            kept = kept_context(model, cache)
+            chosen.clear()
+            pipe.generate_answer(question_ids=question_ids, cache=cache, context_length=context_ids.shape[1],
+                                 max_new_tokens=TASKS[record["task"]])  # fmt: skip
+            answers.append(answered(ids, kept))
+            seconds.append(time.perf_counter() - start + prefill_seconds / len(presses))
+        for attention in attentions:
+            attention.masked_key_indices = None
+        return answers, seconds
+
+    return one_press, shared
+
+
+def shareable(press: object | None) -> bool:
+    """Whether PRESS compresses as kvpress's BasePress does, in the hook its `__call__` puts after each attention
+    layer of the prefill, the layer's output left as it is: then a prefill with other presses' hooks, or none, is
+    the same, and one prefill can serve them all (`shared_prefill`). KVzip (it prefills again) does not."""
+    from kvpress.presses.base_press import BasePress
+
+    return press is None or (isinstance(press, BasePress) and type(press).__call__ is BasePress.__call__
+                             and type(press).forward_hook is BasePress.forward_hook)  # fmt: skip
+
+
+def shared_prefill(model, context_ids, presses: list) -> list[tuple[object, list]]:
+    """One prefill of CONTEXT_IDS that leaves each press of PRESSES (None: no press) the cache its own prefill would:
+    after each attention layer, each press's own `forward_hook` compresses a copy of that layer's keys and values
+    in a cache of its own, and the keys a head-wise press masks (`masked_key_indices`, which kvpress's attention
+    patch clears at each prefill's attention) are kept per layer. Returns (cache, masked key indices per layer) per
+    press."""
+    from transformers import DynamicCache
+
+    language_model, keyword = model.model, continuation.cache_keyword(model)  # past_key_values in kvpress's 5.2
+    caches, masks = [DynamicCache() for _ in presses], [[None] * len(language_model.layers) for _ in presses]
+
+    def compress_each(module, args, kwargs, output):
+        layer = module.layer_idx
+        full = kwargs[keyword].layers[layer]
+        for press, cache, masked in zip(presses, caches, masks, strict=True):
+            cache.update(full.keys, full.values, layer)  # a copy
+            module.masked_key_indices = None
+            if press is not None:
+                press.forward_hook(module, args, kwargs | {keyword: cache}, output)
+            masked[layer] = module.masked_key_indices
+        module.masked_key_indices = None
+        return output
+
+    for press in presses:
+        if press is not None:
+            press.post_init_from_model(model)  # as each press's `__call__` does
+    hooks = []
+    try:
+        for block in language_model.layers:
+            block.self_attn.rotary_emb = language_model.rotary_emb  # as BasePress.__call__ sets it
+            hooks.append(block.self_attn.register_forward_hook(compress_each, with_kwargs=True))
+        language_model(input_ids=context_ids, **{keyword: DynamicCache()})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return list(zip(caches, masks, strict=True))
 
 
 def kept_context(model, cache) -> float:
@@ -728,42 +839,70 @@ def measure_continuation(press: object | None, model, blocks, out: Path, args: a
     continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
 
 
-def run_press(answer: Callable[[dict, object | None], dict], press: object | None, name: str, ratio: float | None,
-              args: argparse.Namespace, kv_heads: int | None = None, model=None,
-              blocks: Callable[[int], object] | None = None) -> None:  # fmt: skip
-    """One layout: every length and task (complete ones kept), summaries, the continuation perplexity (BLOCKS: the
-    blocks of a length), then layout.json. DuoAttention calibrates on MODEL before its first task or perplexity
-    that runs."""
-    layout, folder = layout_name(name, ratio), Path(args.output_dir)
+def task_settings(press: object | None, args: argparse.Namespace, text: str, samples: int) -> dict:
+    """What a task's predictions depend on: its resume record's `settings`."""
+    settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
+                "device": args.device, "prompt_format": args.effective_format, "data_sha256": sha256(text),
+                "samples": samples, "keep_inputs": args.keep_inputs, "versions": versions()}  # fmt: skip
+    return settings | float32_products.setting(args.float32_products)
+
+
+def record_by_record(ask: Ask, presses: list) -> Callable:
+    """`task_progress.answer_together`'s `ask` over batches of one record (the pipeline answers one at a time), its
+    runs being PRESSES'."""
+
+    def asked(batch: list[dict], which: list[int]) -> tuple[list[list[dict]], list[float]]:
+        answers, seconds = ask(batch[0], [presses[i] for i in which])
+        return [[answer] for answer in answers], seconds
+
+    return asked
+
+
+def run_layouts(ask: Ask, members: list[Member], args: argparse.Namespace, kv_heads: int | None = None, model=None,
+                blocks: Callable[[int], object] | None = None) -> None:  # fmt: skip
+    """Layouts answered together, record by record (ASK: one prefill shared by their presses, or one press through
+    the pipeline): at every length and task, each member's complete file kept, the others answered; then each
+    member's summaries, continuation perplexity (BLOCKS: the blocks of a length) and layout.json. DuoAttention
+    calibrates on MODEL before its first task or perplexity that runs."""
+    folder = Path(args.output_dir)
     for length in args.lengths:
-        out = pred_folder(folder, layout, length)
         for task in args.tasks:
             text = data_path(folder, length, task).read_text(encoding="utf-8")
             records = [json.loads(line) for line in text.splitlines()][: args.samples]
-            settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
-                        "device": args.device, "prompt_format": args.effective_format, "data_sha256": sha256(text),
-                        "samples": len(records), "keep_inputs": args.keep_inputs, "versions": versions()}  # fmt: skip
-            settings |= float32_products.setting(args.float32_products)
-            if complete(out, task, settings):
-                print(f"{out / task}: complete, kept", flush=True)
+            pending = []
+            for name, ratio, press in members:
+                out = pred_folder(folder, layout_name(name, ratio), length)
+                settings = task_settings(press, args, text, len(records))
+                if complete(out, task, settings):
+                    print(f"{out / task}: complete, kept", flush=True)
+                else:
+                    calibrate(press, name, model, layout_name(name, ratio))
+                    pending.append((out, settings, press))
+            if not pending:
                 continue
-            calibrate(press, name, model, layout)
-            one_by_one = [[record] for record in records]  # the pipeline answers one record at a time
-            answers, run = task_progress.answer_batches(
-                out, task, settings, one_by_one, lambda batch: [answer(batch[0], press)], machine_load
-            )
-            run["device"] = describe_machine(args.device)
-            predictions = write_task(out, task, records, answers, settings, run, args.keep_inputs)
-            task_progress.clear(out, task)
-            preds = [postprocess(p["pred"]) for p in predictions]
-            print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
-                  flush=True)  # fmt: skip
-        write_summary(out)
-        if args.ppl_blocks:
-            calibrate(press, name, model, layout)
-            measure_continuation(press, model, blocks(length), out, args)
-    record = layout_record(folder / "pred" / layout, name, ratio, None if press is None else repr(press), kv_heads)
-    write_whole(folder / "pred" / layout / "layout.json", json.dumps(record, indent=1) + "\n")
+
+            runs, presses = [(out, settings) for out, settings, _ in pending], [press for *_, press in pending]
+            batches = [[record] for record in records]
+            results = task_progress.answer_together(runs, task, batches, record_by_record(ask, presses), machine_load)
+            for (out, settings, _), (answers, run) in zip(pending, results, strict=True):
+                run["device"] = describe_machine(args.device)
+                if len(pending) > 1:
+                    run["prefill_shared_with"] = [other.parent.name for other, _, _ in pending if other != out]
+                predictions = write_task(out, task, records, answers, settings, run, args.keep_inputs)
+                task_progress.clear(out, task)
+                preds = [postprocess(p["pred"]) for p in predictions]
+                print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
+                      flush=True)  # fmt: skip
+        for name, ratio, press in members:
+            out = pred_folder(folder, layout_name(name, ratio), length)
+            write_summary(out)
+            if args.ppl_blocks:
+                calibrate(press, name, model, layout_name(name, ratio))
+                measure_continuation(press, model, blocks(length), out, args)
+    for name, ratio, press in members:
+        record = layout_record(folder / "pred" / layout_name(name, ratio), name, ratio,
+                               None if press is None else repr(press), kv_heads)  # fmt: skip
+        write_whole(folder / "pred" / layout_name(name, ratio) / "layout.json", json.dumps(record, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -783,15 +922,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load at start: {machine_load()['uptime']}", flush=True)
     model, tokenizer = load(args)
     args.effective_format = "chat" if tokenizer.chat_template is not None else "plain"
-    answer = answerer(model, tokenizer)
+    one_press, shared = answerers(model, tokenizer)
     kv_heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     blocks = functools.cache(lambda length: continuation.wikitext_blocks(tokenizer, Path(args.ppl_text), length,
                                                                          args.ppl_blocks))  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch, float32_products.products(args.float32_products):
-        for name in (name for name in args.presses if name in PRESSES):
-            for ratio in [None] if name == "no_press" else args.ratios:
-                press = press_for(name, ratio, model, tokenizer, Path(scratch), args)
-                run_press(answer, press, name, ratio, args, kv_heads, model, blocks)
+        members = [(name, ratio, press_for(name, ratio, model, tokenizer, Path(scratch), args))
+                   for name in args.presses if name in PRESSES
+                   for ratio in ([None] if name == "no_press" else args.ratios)]  # fmt: skip
+        together = [member for member in members if args.prefill == "shared" and shareable(member[2])]
+        if together:
+            run_layouts(shared, together, args, kv_heads, model, blocks)
+        for member in (member for member in members if member not in together):
+            run_layouts(one_press, [member], args, kv_heads, model, blocks)
     print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
 
 
