@@ -190,7 +190,7 @@ def test_presses_answered_on_one_prefill_write_each_layouts_files_as_one_at_a_ti
 
     def answer(record: dict, presses: list) -> tuple[list[dict], list[float]]:  # the press's keep as the answer
         asked.append((record["index"], presses))
-        right = answers([record], True)[0]
+        right = answers([record], True)[0] | {"prefill_seconds": 3.0, "sharing": len(presses)}
         return [right | {"pred": str(getattr(press, "keep", None))} for press in presses], [2.0] * len(presses)
 
     run_presses.run_layouts(answer, members[2:], args)  # no_press first, alone
@@ -202,6 +202,7 @@ def test_presses_answered_on_one_prefill_write_each_layouts_files_as_one_at_a_ti
         record = json.loads((out / "vt.kvpress.json").read_text())
         assert record["settings"]["press"] == repr(press) and record["seconds"] == 4.0
         assert record.get("prefill_shared_with") == {"4": ["kvpress-knorm-0.25"], "6": ["kvpress-knorm-0.5"]}.get(pred)
+        assert record["shared_prefills"] == {"seconds": 6.0, "layouts": [2, 2] if press else [1, 1]}
         layout = json.loads((out.parent / "layout.json").read_text())
         assert layout["runs"]["tasks"] == 1
         assert ("prefilled once for this layout and 1 other (`--prefill shared`: kvpress-knorm-0." in

@@ -67,18 +67,19 @@ keys it drops behind kvpress's fake key, which --quick's random model lets kvpre
 Not here: DMSPress (a score threshold, no ratio to match), the decoding presses (they compress during generation)
 and presses that are not head-wise beyond the four above (one line each in PRESSES).
 
-One prefill for every press (`--prefill shared`, the default). A press compresses a layer's cache in the hook
-kvpress's BasePress puts after that layer's attention, once the layer's output is computed, so the prefill itself is
-the same under every press and under none: the presses differ only in what each layer's cache keeps. So each record's
-context is prefilled once, with one hook per layer that hands each press (every one but kvzip, which prefills again
-in a hook of its own; `shareable`) a copy of the layer's keys and values in a cache of its own and calls that press's
-own `forward_hook` on it, as its own prefill would, keeping the keys a head-wise press masks; each press's question
-and answer are then decoded by the pipeline's own `generate_answer` on its cache, the masks in place. A task's
-seconds charge each layout its own decoding and an equal share of the prefill; its resume record names the layouts it
-shared with. `--prefill per-press` calls the pipeline once per press and record, as kvpress's evaluation does.
-Checked: tests/test_kvpress_records.py compares the caches and masks with each press's own prefill bit for bit (stand-in
-presses, hf_attn's transformers); --quick's 10 presses at 3 ratios give the same 112 predictions and kv counts either
-way; on SmolLM2-135M the shared route gives the published per-press rows' predictions (docs/ruler.md).
+One prefill for every press (`--prefill shared`, the default). A press compresses a layer's cache in the hook kvpress's
+BasePress puts after that layer's attention, once the layer's output is computed, so the prefill itself is the same
+under every press and under none: the presses differ only in what each layer's cache keeps. So each record's context is
+prefilled once, with one hook per layer that hands each press (every one but kvzip, which prefills again in a hook of
+its own; `shareable`) a copy of the layer's keys and values in a cache of its own and calls that press's own
+`forward_hook` on it, as its own prefill would, keeping the keys a head-wise press masks; each press's question and
+answer are then decoded by the pipeline's own `generate_answer` on its cache, the masks in place. A task's seconds
+charge each layout its own decoding and an equal share of the prefill; its resume record names the layouts it shared
+with and what the prefills cost in all (`shared_prefills`). `--prefill per-press` calls the pipeline once per press and
+record, as kvpress's evaluation does. Checked: tests/test_kvpress_records.py compares the caches and masks with each
+press's own prefill bit for bit (stand-in presses, hf_attn's transformers); --quick's 10 presses at 3 ratios give the
+same 112 predictions and kv counts either way; on SmolLM2-135M the shared route gives the published per-press rows'
+predictions (docs/ruler.md).
 
 Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
 `kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
@@ -362,11 +363,15 @@ def complete(folder: Path, task: str, settings: dict) -> bool:
 def write_task(folder: Path, task: str, records: list[dict], answers: list[dict], settings: dict, run: dict,
                keep_input: bool = False) -> list[dict]:  # fmt: skip
     """FOLDER/TASK.jsonl, then its resume record FOLDER/TASK.kvpress.json (`run`: started, seconds, device, machine;
-    the kv counts added from `answers`)."""
+    the kv counts added from `answers`, and, answered on shared prefills, their seconds in all and how many layouts
+    each served)."""
     predictions = [prediction(record, answer, keep_input) for record, answer in zip(records, answers, strict=True)]
     text = jsonl(predictions)
     write_whole(folder / f"{task}.jsonl", text)
     kv = {"kept": sum(a["kept_tokens"] for a in answers), "tokens": sum(a["cache_tokens"] for a in answers)}
+    if all("prefill_seconds" in a for a in answers):  # answered on shared prefills: what they cost, and how many
+        run = run | {"shared_prefills": {"seconds": sum(a["prefill_seconds"] for a in answers),
+                                         "layouts": [a["sharing"] for a in answers]}}  # fmt: skip
     write_whole(folder / f"{task}.kvpress.json", json.dumps({"settings": settings, "sha256": sha256(text)} | run |
                                                             {"kv": kv}, indent=1) + "\n")  # fmt: skip
     return predictions
@@ -630,7 +635,7 @@ def answerers(model, tokenizer) -> tuple[Ask, Ask]:
             chosen.clear()
             pipe.generate_answer(question_ids=question_ids, cache=cache, context_length=context_ids.shape[1],
                                  max_new_tokens=TASKS[record["task"]])  # fmt: skip
-            answers.append(answered(ids, kept))
+            answers.append(answered(ids, kept) | {"prefill_seconds": prefill_seconds, "sharing": len(presses)})
             seconds.append(time.perf_counter() - start + prefill_seconds / len(presses))
         for attention in attentions:
             attention.masked_key_indices = None
