@@ -78,8 +78,9 @@ charge each layout its own decoding and an equal share of the prefill; its resum
 with and what the prefills cost in all (`shared_prefills`). `--prefill per-press` calls the pipeline once per press and
 record, as kvpress's evaluation does. Checked: tests/test_kvpress_records.py compares the caches and masks with each
 press's own prefill bit for bit (stand-in presses, hf_attn's transformers); --quick's 10 presses at 3 ratios give the
-same 112 predictions and kv counts either way; on SmolLM2-135M the shared route gives the published per-press rows'
-predictions (docs/ruler.md).
+same 112 predictions and kv counts either way; on SmolLM2-135M (docs/results/ruler/agreement/shared-prefill) the shared
+route gave the same text as the pipeline per press for each of the 21 records compared (DuoAttention at 0.25/0.5/0.75
+against the published rows, StreamingLLM at 0.5/0.75).
 
 Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
 `kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
