@@ -482,8 +482,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ppl-text", default=PPL_TEXT, help=f"the continuation perplexity's text (default {PPL_TEXT})")
     add("--prefill", choices=PREFILLS, default="shared", help="shared (default): one prefill of each record serves "
         "every press that compresses in kvpress's BasePress hook (all but kvzip), each press compressing its own copy "
-        "of each layer's keys and values and then decoding through the pipeline's generate_answer: the answers of "
-        "per-press, kvpress's pipeline called once per press, in a fraction of the time")  # fmt: skip
+        "of each layer's keys and values and then decoding through the pipeline's generate_answer; per-press: "
+        "kvpress's pipeline called once per press and record. The same answers; shared prefills once a record "
+        "instead of once per press")  # fmt: skip
     add("--keep-inputs", action="store_true", help="write each prompt's input into its prediction record")
     add("--quick", action="store_true", help="a tiny random Llama and GPT-2's tokenizer on outputs/ruler-quick's "
         "data: 2 samples of 2 tasks at 1024 tokens, 2 presses at ratio 0.5; the plumbing, not the scores")  # fmt: skip
