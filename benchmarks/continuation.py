@@ -62,7 +62,14 @@ def continuation_nll(model, block: torch.Tensor, context: int, compressing: Abst
     ids, name = block[None].to(model.device), cache_keyword(model)
     with compressing or contextlib.nullcontext():
         cache = getattr(model.model(input_ids=ids[:, :context], **{name: cache}, use_cache=True), name)
-    nll = 0.0
+    return continuation_read(model, ids, context, cache)
+
+
+@torch.inference_mode()
+def continuation_read(model, ids: torch.Tensor, context: int, cache) -> float:
+    """Summed negative log-likelihood of ids[0, context + 1:] (IDS: (1, L) on the model's device), read CHUNK tokens
+    a forward at their own positions over CACHE, which holds what the prefill of ids[:, :context] left."""
+    name, nll = cache_keyword(model), 0.0
     for start in range(context, ids.shape[1] - 1, CHUNK):
         end = min(start + CHUNK, ids.shape[1] - 1)
         positions = torch.arange(start, end, device=model.device)[None]
@@ -71,33 +78,51 @@ def continuation_nll(model, block: torch.Tensor, context: int, compressing: Abst
     return nll
 
 
-def measure(model, blocks: torch.Tensor, compressing: Callable[[], AbstractContextManager | None] = lambda: None,
-            new_cache: Callable[[], object] = lambda: None) -> dict:  # fmt: skip
-    """The continuation perplexity over BLOCKS (a fresh `compressing()` and `new_cache()` per block) and what it
-    counted."""
+def figures(nll: float, blocks: torch.Tensor) -> dict:
+    """The continuation perplexity of summed NLL over BLOCKS, and what it counted."""
     context = context_tokens(blocks.shape[1])
-    nll = sum(continuation_nll(model, block, context, compressing(), new_cache()) for block in blocks)
     scored = blocks.shape[0] * (blocks.shape[1] - context - 1)
     return {"perplexity": math.exp(nll / scored), "nll": nll, "scored_tokens": scored, "blocks": blocks.shape[0],
             "block_tokens": blocks.shape[1], "context_tokens": context,
             "tokens_sha256": hashlib.sha256(blocks.numpy().tobytes()).hexdigest()}  # fmt: skip
 
 
-def measured(path: Path, settings: dict, measuring: Callable[[], dict], machine: Callable[[], dict],
-             device: str) -> dict:  # fmt: skip
-    """PATH's record where it was measured with SETTINGS, else `measuring()`'s figures with the settings, start,
-    seconds, DEVICE and `machine()` before and after, written to PATH whole; says which on standard output."""
+def measure(model, blocks: torch.Tensor, compressing: Callable[[], AbstractContextManager | None] = lambda: None,
+            new_cache: Callable[[], object] = lambda: None) -> dict:  # fmt: skip
+    """The continuation perplexity over BLOCKS (a fresh `compressing()` and `new_cache()` per block) and what it
+    counted."""
+    context = context_tokens(blocks.shape[1])
+    return figures(sum(continuation_nll(model, block, context, compressing(), new_cache()) for block in blocks), blocks)
+
+
+def kept(path: Path, settings: dict) -> dict | None:
+    """PATH's record where it was measured with SETTINGS (said on standard output), else None."""
     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
         if (record := json.loads(path.read_text())).get("settings") == settings:
             print(f"{path}: perplexity {record['perplexity']:.2f}, kept", flush=True)
             return record
-    before, started, start = machine(), time.time(), time.perf_counter()
-    figures = measuring()
-    record = {"settings": settings, **figures, "started": started, "seconds": time.perf_counter() - start,
-              "device": device, "machine": {"before": before, "after": machine()}}  # fmt: skip
+    return None
+
+
+def write(path: Path, settings: dict, measured_figures: dict, run: dict) -> dict:
+    """PATH's record, written whole: SETTINGS, the figures, then RUN (started, seconds, device, machine)."""
+    record = {"settings": settings, **measured_figures, **run}
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(temporary, path)
     print(f"{path}: perplexity {record['perplexity']:.2f} in {record['seconds']:.1f} s", flush=True)
     return record
+
+
+def measured(path: Path, settings: dict, measuring: Callable[[], dict], machine: Callable[[], dict],
+             device: str) -> dict:  # fmt: skip
+    """PATH's record where it was measured with SETTINGS, else `measuring()`'s figures with the settings, start,
+    seconds, DEVICE and `machine()` before and after, written to PATH whole; says which on standard output."""
+    if (record := kept(path, settings)) is not None:
+        return record
+    before, started, start = machine(), time.time(), time.perf_counter()
+    measured_figures = measuring()
+    return write(path, settings, measured_figures, {"started": started, "seconds": time.perf_counter() - start,
+                                                    "device": device, "machine": {"before": before,
+                                                                                  "after": machine()}})  # fmt: skip

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from benchmarks import continuation
 from benchmarks import ruler as ruler_benchmark
@@ -424,3 +425,40 @@ def test_the_continuation_perplexity_is_read_under_the_press_into_a_fresh_cache_
     run_presses.measure_continuation(None, model, blocks, tmp_path / "no_press", args)
     whole = json.loads((tmp_path / "no_press" / continuation.FILE).read_text())
     assert whole["perplexity"] < record["perplexity"] and whole["settings"]["press"] == "None"
+
+
+def test_continuations_on_one_prefill_a_block_are_each_press_own(tmp_path, monkeypatch):
+    """measure_continuations (one shared prefill a block) writes, for each press, the perplexity its own route
+    measures (`measure_continuation`: the press's hooks over its own prefill), a head-wise press's masks read too;
+    a record kept for its settings is not measured again."""
+    monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def masking(module, query, key, value, *args, **kwargs):  # a stand-in for kvpress's patch: masked values drop out
+        if query.shape[2] == key.shape[2]:  # a prefill: its hook sets the masks anew
+            module.masked_key_indices = None
+        elif getattr(module, "masked_key_indices", None) is not None:
+            value = value.clone()
+            value[module.masked_key_indices] = 0
+        return sdpa(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", masking)
+    model, generator = tiny_llama(False), torch.Generator().manual_seed(3)
+    blocks = torch.randint(0, TINY["vocab_size"], (2, LENGTH), generator=generator)
+    args = argparse.Namespace(model="m.gguf", tokenizer=None, dtype="float32", device="cpu", ppl_text="t.raw",
+                              ppl_blocks=2, float32_products=False)  # fmt: skip
+    presses = [NormPress(20), NormPress(9, head_wise=True), None]
+    outs = [tmp_path / "shared" / str(i) for i in range(3)]
+    run_presses.measure_continuations(presses, model, blocks, outs, args)
+    for i, press in enumerate(presses):
+        run_presses.measure_continuation(press, model, blocks, tmp_path / "own" / str(i), args)
+    records = [json.loads((out / continuation.FILE).read_text()) for out in outs]
+    for i, record in enumerate(records):
+        own = json.loads((tmp_path / "own" / str(i) / continuation.FILE).read_text())
+        assert record["nll"] == pytest.approx(own["nll"], rel=1e-6) and record["settings"] == own["settings"]
+        assert {key: own[key] for key in ("scored_tokens", "blocks", "tokens_sha256")} == \
+            {key: record[key] for key in ("scored_tokens", "blocks", "tokens_sha256")}  # fmt: skip
+    assert len({round(record["nll"], 3) for record in records}) == 3  # the presses read different caches
+    kept = (outs[0] / continuation.FILE).read_text()
+    run_presses.measure_continuations(presses[:1], model, blocks, outs[:1], args)
+    assert (outs[0] / continuation.FILE).read_text() == kept

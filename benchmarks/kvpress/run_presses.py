@@ -73,14 +73,15 @@ under every press and under none: the presses differ only in what each layer's c
 prefilled once, with one hook per layer that hands each press (every one but kvzip, which prefills again in a hook of
 its own; `shareable`) a copy of the layer's keys and values in a cache of its own and calls that press's own
 `forward_hook` on it, as its own prefill would, keeping the keys a head-wise press masks; each press's question and
-answer are then decoded by the pipeline's own `generate_answer` on its cache, the masks in place. A task's seconds
+answer are then decoded by the pipeline's own `generate_answer` on its cache, the masks in place. The continuation
+perplexity's blocks are prefilled once for all the presses the same way (`measure_continuations`). A task's seconds
 charge each layout its own decoding and an equal share of the prefill; its resume record names the layouts it shared
 with and what the prefills cost in all (`shared_prefills`). `--prefill per-press` calls the pipeline once per press and
 record, as kvpress's evaluation does. Checked: tests/test_kvpress_records.py compares the caches and masks with each
 press's own prefill bit for bit (stand-in presses, hf_attn's transformers); --quick's 10 presses at 3 ratios give the
-same 112 predictions and kv counts either way; on SmolLM2-135M (docs/results/ruler/agreement/shared-prefill) the shared
-route gave the same text as the pipeline per press for each of the 21 records compared (DuoAttention at 0.25/0.5/0.75
-against the published rows, StreamingLLM at 0.5/0.75).
+same 112 predictions and kv counts either way, and 11 layouts the same continuation NLL to the last bit; on SmolLM2-135M
+(docs/results/ruler/agreement/shared-prefill) the shared route gave the same text as the pipeline per press for each of
+the 21 records compared (DuoAttention at 0.25/0.5/0.75 against the published rows, StreamingLLM at 0.5/0.75).
 
 Budgets: layout.json's `kv_share` is 1 - r, the share of the context's key/value pairs a press keeps after prefill;
 `kv_share_at[L]` is what the cache holds at the end of generation, measured (kept context tokens, masked ones not
@@ -832,18 +833,56 @@ def calibrate(press: object | None, name: str, model, layout: str) -> None:
               "cached for the next ratios)", flush=True)  # fmt: skip
 
 
+def continuation_settings(press: object | None, args: argparse.Namespace) -> dict:
+    """What a layout's continuation perplexity depends on: its record's `settings`."""
+    settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
+                "device": args.device, "text": args.ppl_text, "blocks": args.ppl_blocks,
+                "versions": versions()}  # fmt: skip
+    return settings | float32_products.setting(args.float32_products)
+
+
 def measure_continuation(press: object | None, model, blocks, out: Path, args: argparse.Namespace) -> None:
     """OUT/continuation.json: the continuation perplexity (benchmarks/continuation.py), each block's context
     prefilled under the press into a fresh DynamicCache as the pipeline prefills a context; kept where its settings
     are the same."""
     from transformers import DynamicCache
 
-    settings = {"model": args.model, "tokenizer": args.tokenizer, "press": repr(press), "dtype": args.dtype,
-                "device": args.device, "text": args.ppl_text, "blocks": args.ppl_blocks,
-                "versions": versions()} | float32_products.setting(args.float32_products)  # fmt: skip
     compressing = (lambda: None) if press is None else functools.partial(press, model)
     measuring = functools.partial(continuation.measure, model, blocks, compressing, DynamicCache)
-    continuation.measured(out / continuation.FILE, settings, measuring, machine_load, describe_machine(args.device))
+    continuation.measured(out / continuation.FILE, continuation_settings(press, args), measuring, machine_load,
+                          describe_machine(args.device))  # fmt: skip
+
+
+def measure_continuations(presses: list, model, blocks, outs: list[Path], args: argparse.Namespace) -> None:
+    """`measure_continuation` for several presses on one `shared_prefill` of each block's context: each press's
+    continuation read over its own cache, its masks in place; each charged its reads and an equal share of the
+    prefills. Records kept where their settings are the same."""
+    import torch
+
+    settings = [continuation_settings(press, args) for press in presses]
+    pending = [i for i, out in enumerate(outs) if continuation.kept(out / continuation.FILE, settings[i]) is None]
+    if not pending:
+        return
+    before, started, context = machine_load(), time.time(), continuation.context_tokens(blocks.shape[1])
+    nll, seconds = [0.0] * len(pending), [0.0] * len(pending)
+    attentions = [block.self_attn for block in model.model.layers]
+    with torch.inference_mode():
+        for block in blocks:
+            ids, start = block[None].to(model.device), time.perf_counter()
+            prefilled = shared_prefill(model, ids[:, :context], [presses[i] for i in pending])
+            share = (time.perf_counter() - start) / len(pending)
+            for k, (cache, masked) in enumerate(prefilled):
+                start = time.perf_counter()
+                for attention, indices in zip(attentions, masked, strict=True):
+                    attention.masked_key_indices = indices
+                nll[k] += continuation.continuation_read(model, ids, context, cache)
+                seconds[k] += time.perf_counter() - start + share
+            for attention in attentions:
+                attention.masked_key_indices = None
+    machine = {"before": before, "after": machine_load()}
+    for k, i in enumerate(pending):
+        run = {"started": started, "seconds": seconds[k], "device": describe_machine(args.device), "machine": machine}
+        continuation.write(outs[i] / continuation.FILE, settings[i], continuation.figures(nll[k], blocks), run)
 
 
 def task_settings(press: object | None, args: argparse.Namespace, text: str, samples: int) -> dict:
@@ -866,11 +905,11 @@ def record_by_record(ask: Ask, presses: list) -> Callable:
 
 
 def run_layouts(ask: Ask, members: list[Member], args: argparse.Namespace, kv_heads: int | None = None, model=None,
-                blocks: Callable[[int], object] | None = None) -> None:  # fmt: skip
+                blocks: Callable[[int], object] | None = None, shared: bool = False) -> None:  # fmt: skip
     """Layouts answered together, record by record (ASK: one prefill shared by their presses, or one press through
     the pipeline): at every length and task, each member's complete file kept, the others answered; then each
-    member's summaries, continuation perplexity (BLOCKS: the blocks of a length) and layout.json. DuoAttention
-    calibrates on MODEL before its first task or perplexity that runs."""
+    member's summaries, continuation perplexity (BLOCKS: the blocks of a length; SHARED: on one prefill a block for
+    all members) and layout.json. DuoAttention calibrates on MODEL before its first task or perplexity that runs."""
     folder = Path(args.output_dir)
     for length in args.lengths:
         for task in args.tasks:
@@ -900,12 +939,17 @@ def run_layouts(ask: Ask, members: list[Member], args: argparse.Namespace, kv_he
                 preds = [postprocess(p["pred"]) for p in predictions]
                 print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
                       flush=True)  # fmt: skip
-        for name, ratio, press in members:
-            out = pred_folder(folder, layout_name(name, ratio), length)
+        outs = [pred_folder(folder, layout_name(name, ratio), length) for name, ratio, _ in members]
+        for out in outs:
             write_summary(out)
-            if args.ppl_blocks:
+        if args.ppl_blocks:
+            for name, ratio, press in members:
                 calibrate(press, name, model, layout_name(name, ratio))
-                measure_continuation(press, model, blocks(length), out, args)
+            if shared:
+                measure_continuations([press for *_, press in members], model, blocks(length), outs, args)
+            else:
+                for (_, _, press), out in zip(members, outs, strict=True):
+                    measure_continuation(press, model, blocks(length), out, args)
     for name, ratio, press in members:
         record = layout_record(folder / "pred" / layout_name(name, ratio), name, ratio,
                                None if press is None else repr(press), kv_heads)  # fmt: skip
@@ -929,7 +973,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load at start: {machine_load()['uptime']}", flush=True)
     model, tokenizer = load(args)
     args.effective_format = "chat" if tokenizer.chat_template is not None else "plain"
-    one_press, shared = answerers(model, tokenizer)
+    one_press, on_shared_prefill = answerers(model, tokenizer)
     kv_heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     blocks = functools.cache(lambda length: continuation.wikitext_blocks(tokenizer, Path(args.ppl_text), length,
                                                                          args.ppl_blocks))  # fmt: skip
@@ -939,7 +983,7 @@ def main(argv: list[str] | None = None) -> None:
                    for ratio in ([None] if name == "no_press" else args.ratios)]  # fmt: skip
         together = [member for member in members if args.prefill == "shared" and shareable(member[2])]
         if together:
-            run_layouts(shared, together, args, kv_heads, model, blocks)
+            run_layouts(on_shared_prefill, together, args, kv_heads, model, blocks, shared=True)
         for member in (member for member in members if member not in together):
             run_layouts(one_press, [member], args, kv_heads, model, blocks)
     print(f"{time.perf_counter() - start:.1f} s; load at the end: {machine_load()['uptime']}", flush=True)
