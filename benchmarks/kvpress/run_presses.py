@@ -629,19 +629,16 @@ def answerers(model, tokenizer) -> tuple[Ask, Ask]:
         context_ids, question_ids = ids["context_ids"].to(model.device), ids["questions_ids"][0].to(model.device)
         prefilled = shared_prefill(model, context_ids, presses)
         prefill_seconds, answers, seconds = time.perf_counter() - start, [], []
-        attentions = [block.self_attn for block in model.model.layers]
         for cache, masked in prefilled:
             start = time.perf_counter()
-            for attention, indices in zip(attentions, masked, strict=True):
-                attention.masked_key_indices = indices  # where the press's own prefill would have left them
+            mask_keys(model, masked)
             kept = kept_context(model, cache)
             chosen.clear()
             pipe.generate_answer(question_ids=question_ids, cache=cache, context_length=context_ids.shape[1],
                                  max_new_tokens=TASKS[record["task"]])  # fmt: skip
             answers.append(answered(ids, kept) | {"prefill_seconds": prefill_seconds, "sharing": len(presses)})
             seconds.append(time.perf_counter() - start + prefill_seconds / len(presses))
-        for attention in attentions:
-            attention.masked_key_indices = None
+        mask_keys(model, None)
         return answers, seconds
 
     return one_press, shared
@@ -655,6 +652,13 @@ def shareable(press: object | None) -> bool:
 
     return press is None or (isinstance(press, BasePress) and type(press).__call__ is BasePress.__call__
                              and type(press).forward_hook is BasePress.forward_hook)  # fmt: skip
+
+
+def mask_keys(model, masked: list | None) -> None:
+    """Each attention layer's `masked_key_indices`, which kvpress's attention patch hides at decoding: MASKED's (one
+    per layer, where a press's own prefill would have left them), or none."""
+    for i, block in enumerate(model.model.layers):
+        block.self_attn.masked_key_indices = None if masked is None else masked[i]
 
 
 def shared_prefill(model, context_ids, presses: list) -> list[tuple[object, list]]:
@@ -865,7 +869,6 @@ def measure_continuations(presses: list, model, blocks, outs: list[Path], args: 
         return
     before, started, context = machine_load(), time.time(), continuation.context_tokens(blocks.shape[1])
     nll, seconds = [0.0] * len(pending), [0.0] * len(pending)
-    attentions = [block.self_attn for block in model.model.layers]
     with torch.inference_mode():
         for block in blocks:
             ids, start = block[None].to(model.device), time.perf_counter()
@@ -873,12 +876,10 @@ def measure_continuations(presses: list, model, blocks, outs: list[Path], args: 
             share = (time.perf_counter() - start) / len(pending)
             for k, (cache, masked) in enumerate(prefilled):
                 start = time.perf_counter()
-                for attention, indices in zip(attentions, masked, strict=True):
-                    attention.masked_key_indices = indices
+                mask_keys(model, masked)
                 nll[k] += continuation.continuation_read(model, ids, context, cache)
                 seconds[k] += time.perf_counter() - start + share
-            for attention in attentions:
-                attention.masked_key_indices = None
+            mask_keys(model, None)
     machine = {"before": before, "after": machine_load()}
     for k, i in enumerate(pending):
         run = {"started": started, "seconds": seconds[k], "device": describe_machine(args.device), "machine": machine}
