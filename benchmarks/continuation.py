@@ -20,7 +20,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.records import write_whole
 
 FILE = "continuation.json"  # OUT/pred/{layout}/{L}/continuation.json
 BLOCKS = 8
@@ -107,10 +108,7 @@ def kept(path: Path, settings: dict) -> dict | None:
 def write(path: Path, settings: dict, measured_figures: dict, run: dict) -> dict:
     """PATH's record, written whole: SETTINGS, the figures, then RUN (started, seconds, device, machine)."""
     record = {"settings": settings, **measured_figures, **run}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(temporary, path)
+    write_whole(path, json.dumps(record, indent=1) + "\n")
     print(f"{path}: perplexity {record['perplexity']:.2f} in {record['seconds']:.1f} s", flush=True)
     return record
 

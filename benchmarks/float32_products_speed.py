@@ -28,10 +28,10 @@ def decoding(model, prompt: torch.Tensor, steps: int, mode: Float32Products) -> 
     """Seconds a greedy decoding step takes after PROMPT's prefill, and the tokens chosen."""
     with mode:
         output = model(prompt, use_cache=True)
-        cache, token, tokens = output.past_key_values, output.logits[:, -1:].argmax(-1), []
+        cache, token, tokens = output.cache, output.logits[:, -1:].argmax(-1), []
         start = time.perf_counter()
         for _ in range(steps):
-            output = model(token, past_key_values=cache, use_cache=True)
+            output = model(token, cache=cache, use_cache=True)
             token = output.logits[:, -1:].argmax(-1)
             tokens.append(int(token))
     return (time.perf_counter() - start) / steps, tokens

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy
 
 from benchmarks.common import command_line_parser
-from benchmarks.ruler import write_whole
+from benchmarks.records import write_whole
 
 FRACTIONS = (0.25, 0.5, 0.75)
 

@@ -62,7 +62,7 @@ from benchmarks.common import (
 from benchmarks.common import in_fresh_process as fresh_process
 from benchmarks.generation import cache_argument, cache_bytes
 from benchmarks.long_context_configs import SCORE_NAMES
-from benchmarks.serving import code_version, head_layout, local_groups, score_path
+from benchmarks.serving import code_note, code_version, head_layout, local_groups, score_path
 from hf_attn import hybridize
 from hf_attn.experiments.arguments import below_minimums
 from hf_attn.pretrained import load_causal_lm, source_argument
@@ -215,7 +215,7 @@ def measure(spec: dict) -> dict:
         start = time.perf_counter()
         outputs = model(prompt, use_cache=True, logits_to_keep=1)  # the prompt's logits would dwarf the rest
         prefill_seconds = time.perf_counter() - start
-        cache, token = outputs.past_key_values, outputs.logits[:, -1:].argmax(-1)
+        cache, token = outputs.cache, outputs.logits[:, -1:].argmax(-1)
         del outputs
         if spec["batch"] > 1:
             cache.batch_repeat_interleave(spec["batch"])
@@ -519,14 +519,12 @@ def report(result: dict) -> str:
               *table(["model", "batch", "/ unmodified", "decoding peak MiB", "ms per step", "tokens/s",
                       "/ unmodified", "probed"], rows)]  # fmt: skip
     before, after = result["machine"]["before"], result["machine"]["after"]
-    changed = result["code"]["uncommitted"]
     lines += [
         "", f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, {settings['threads']} thread(s) per "
         f"process, timings {settings['repeats']} run(s) each (median, range in brackets), memory in processes with "
         f"MALLOC_MMAP_THRESHOLD_={result['malloc_mmap_threshold']}, {result['machine']['torch']}, transformers "
-        f"{result['versions']['transformers']}, at commit {result['code']['commit']}"
-        + (f" with uncommitted changes to {', '.join(line[3:] for line in changed)}" if changed else "")
-        + f". `uptime` before: `{before['uptime']}`; after: `{after['uptime']}`.",
+        f"{result['versions']['transformers']}{code_note(result['code'])}. `uptime` before: `{before['uptime']}`; "
+        f"after: `{after['uptime']}`.",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -56,14 +56,14 @@ def passkey_answers(model, tokenizer, prompts: list[PasskeyPrompt], new_tokens: 
         prefix = None
         if shared:
             with torch.no_grad():
-                prefix = model(torch.tensor([group[0].input_ids[:shared]], device=model.device)).past_key_values
+                prefix = model(torch.tensor([group[0].input_ids[:shared]], device=model.device)).cache
         prefill_seconds = (time.perf_counter() - start) / len(group)
         for prompt in group:
             start = time.perf_counter()
             input_ids = torch.tensor([prompt.input_ids], device=model.device)
             with torch.no_grad():
                 cache = copy.deepcopy(prefix)
-                output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), past_key_values=cache,
+                output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), cache=cache,
                                         generation_config=generation)  # fmt: skip
             answers.append(answer(prompt, output[0, prompt.length :], prefill_seconds + time.perf_counter() - start))
     return answers

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.records import write_whole
+
 # The settings each kind of measurement depends on: a stored one measured with others is measured again.
 SCORE_SETTINGS = ("model", "dtype", "device", "data_dir", "calibration_blocks", "calibration_block_size",
                   "score_batch_size")  # fmt: skip
@@ -34,10 +36,7 @@ def measured(path: Path, settings: dict, measure: Callable[[], dict], stored_onl
         raise SystemExit(f"--stored_only: {path} is missing or was measured with other settings than {settings}")
     start = time.perf_counter()
     record = measure() | {"settings": settings, "seconds": time.perf_counter() - start, "load_average": os.getloadavg()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(partial, path)
+    write_whole(path, json.dumps(record, indent=1) + "\n")
     return record
 
 

@@ -31,7 +31,7 @@ def allocations(model, ids: torch.Tensor) -> tuple[dict[str, int], int]:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
             outputs = model(ids, use_cache=True, logits_to_keep=1)
     by_op = {event.key: event.self_cpu_memory_usage for event in profiler.key_averages()}
-    return {op: size for op, size in by_op.items() if size > 0}, cache_bytes(outputs.past_key_values)
+    return {op: size for op, size in by_op.items() if size > 0}, cache_bytes(outputs.cache)
 
 
 def last_groups_local(config, local_groups: int) -> list[list[str]]:

@@ -77,10 +77,8 @@ and tokenizers; the layout named `unmodified` is the reference.
 
 import argparse
 import functools
-import hashlib
 import itertools
 import json
-import os
 import re
 import shlex
 import sys
@@ -96,6 +94,7 @@ from benchmarks import continuation, float32_products, paired_bootstrap, task_pr
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
+from benchmarks.records import jsonl, read_json, read_jsonl, sha256, write_whole
 from benchmarks.serving import code_version, local_groups, score_path
 from hf_attn import hybridize, ruler
 from hf_attn.experiments.arguments import below_minimums
@@ -270,34 +269,6 @@ def data_path(folder: Path, length: int, task: str) -> Path:
 
 def pred_folder(folder: Path, layout: str, length: int) -> Path:
     return folder / "pred" / layout / str(length)
-
-
-def jsonl(records: list[dict]) -> str:
-    """RULER's files: one `json.dumps` per line (NeMo's write_manifest)."""
-    return "".join(json.dumps(record) + "\n" for record in records)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def write_whole(path: Path, text: str) -> None:
-    """`text` into `path` by renaming a finished temporary file: an interrupted write leaves the old file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 # --- generate ------------------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from benchmarks import float32_products
 from benchmarks.common import command_line_parser
-from benchmarks.ruler import postprocess, predictions_and_references, read_json, read_jsonl, write_whole
+from benchmarks.records import read_json, read_jsonl, write_whole
+from benchmarks.ruler import postprocess, predictions_and_references
 from hf_attn import ruler
 
 

@@ -11,10 +11,11 @@ progress file goes. Batches answer independently of each other (each is padded o
 two runs writes the same predictions as one answered in one."""
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.records import write_whole
 
 
 def path_of(folder: Path, task: str) -> Path:
@@ -34,11 +35,7 @@ def kept(folder: Path, task: str, settings: dict) -> dict | None:
 def keep(folder: Path, task: str, progress: dict) -> None:
     """FOLDER/TASK.progress.json by renaming a finished temporary file: a stop while writing leaves the previous
     batch's progress."""
-    path = path_of(folder, task)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(progress) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    write_whole(path_of(folder, task), json.dumps(progress) + "\n")
 
 
 def answer_batches(folder: Path, task: str, settings: dict, batches: list[list[dict]],

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from benchmarks import continuation
+from benchmarks import records as record_files
 from benchmarks import ruler as ruler_benchmark
 from hf_attn import ruler
 from tests.test_continuation import LENGTH, TINY, kept_context_nll, tiny_llama
@@ -90,17 +91,17 @@ def write_layout(folder: Path, press: str, ratio: float, records: dict, right: d
         run_presses.write_task(out, task, records[task], answers(records[task], right[task]), settings, run)
     run_presses.write_summary(out)
     record = run_presses.layout_record(folder / "pred" / layout, press, ratio, f"{press}({ratio})")
-    run_presses.write_whole(folder / "pred" / layout / "layout.json", json.dumps(record))
+    record_files.write_whole(folder / "pred" / layout / "layout.json", json.dumps(record))
     return layout
 
 
 def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, records):
     for task in TASKS:  # the data the script reads, and our unmodified model answering everything right
-        run_presses.write_whole(run_presses.data_path(tmp_path, 1024, task), run_presses.jsonl(records[task]))
+        record_files.write_whole(run_presses.data_path(tmp_path, 1024, task), record_files.jsonl(records[task]))
         predictions = [ruler_benchmark.prediction(record, {"pred": " ".join(record["outputs"]), "prompt_tokens": 900},
                                                   False) for record in records[task]]  # fmt: skip
-        ruler_benchmark.write_whole(tmp_path / "pred" / "unmodified" / "1024" / f"{task}.jsonl",
-                                    ruler_benchmark.jsonl(predictions))  # fmt: skip
+        record_files.write_whole(tmp_path / "pred" / "unmodified" / "1024" / f"{task}.jsonl",
+                                 record_files.jsonl(predictions))  # fmt: skip
     (tmp_path / "pred" / "unmodified" / "layout.json").write_text(json.dumps({"kv_share": 1.0}))
     right = write_layout(tmp_path, "snapkv", 0.5, records, {"niah_single_1": True, "vt": True})
     wrong = write_layout(tmp_path, "adakv_snapkv", 0.5, records, {"niah_single_1": True, "vt": False})
@@ -110,7 +111,7 @@ def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, recor
     assert (right, wrong, more, reference) == ("kvpress-snapkv-0.5", "kvpress-adakv_snapkv-0.5", "kvpress-knorm-0.25",
                                                "kvpress-no_press")  # fmt: skip
     # RULER's prediction records in its key order, and summary.csv byte for byte benchmarks.ruler's.
-    predictions = run_presses.read_jsonl(tmp_path / "pred" / wrong / "1024" / "niah_single_1.jsonl")
+    predictions = record_files.read_jsonl(tmp_path / "pred" / wrong / "1024" / "niah_single_1.jsonl")
     assert [list(p) for p in predictions] == [["index", "pred", "input", "outputs", "others", "truncation",
                                                "length"]] * 2  # fmt: skip
     assert all(p["others"]["depths"] == r["depths"] for p, r in zip(predictions, records["niah_single_1"], strict=True))
@@ -153,7 +154,7 @@ def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
 
 def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(tmp_path, records, monkeypatch):
     monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
-    run_presses.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), run_presses.jsonl(records["vt"]))
+    record_files.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), record_files.jsonl(records["vt"]))
     args = argparse.Namespace(output_dir=str(tmp_path), lengths=[1024], tasks=["vt"], samples=2, model="m.gguf",
                               tokenizer=None, dtype="float32", device="cpu", effective_format="chat",
                               keep_inputs=False, float32_products=False, ppl_blocks=0)  # fmt: skip
@@ -172,7 +173,7 @@ def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(t
     assert asked == [0, 1]
     out = run_presses.pred_folder(tmp_path, "kvpress-no_press", 1024)
     whole = answers(records["vt"], True)
-    assert [p["pred"] for p in run_presses.read_jsonl(out / "vt.jsonl")] == [a["pred"] for a in whole]
+    assert [p["pred"] for p in record_files.read_jsonl(out / "vt.jsonl")] == [a["pred"] for a in whole]
     record = json.loads((out / "vt.kvpress.json").read_text())
     assert record["parts"] == 2 and record["kv"] == {"kept": 2 * 480, "tokens": 2 * 930}
     assert not (out / "vt.progress.json").exists()
@@ -182,7 +183,7 @@ def test_presses_answered_on_one_prefill_write_each_layouts_files_as_one_at_a_ti
     """run_layouts with one ASK for several presses (the shared prefill) writes each layout's files as runs of one
     press each do, only the layouts not complete asked, each charged its own seconds and naming the others."""
     monkeypatch.setattr(run_presses, "versions", lambda: {"kvpress": "0.5.5"})  # not installed here
-    run_presses.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), run_presses.jsonl(records["vt"]))
+    record_files.write_whole(run_presses.data_path(tmp_path, 1024, "vt"), record_files.jsonl(records["vt"]))
     args = argparse.Namespace(output_dir=str(tmp_path), lengths=[1024], tasks=["vt"], samples=2, model="m.gguf",
                               tokenizer=None, dtype="float32", device="cpu", effective_format="chat",
                               keep_inputs=False, float32_products=False, ppl_blocks=0)  # fmt: skip
@@ -199,7 +200,7 @@ def test_presses_answered_on_one_prefill_write_each_layouts_files_as_one_at_a_ti
     assert asked[2:] == [(index, [KeepLastPress(4), KeepLastPress(6)]) for index in (0, 1)]
     for (name, ratio, press), pred in zip(members, ["4", "6", "None"], strict=True):
         out = run_presses.pred_folder(tmp_path, run_presses.layout_name(name, ratio), 1024)
-        assert [p["pred"] for p in run_presses.read_jsonl(out / "vt.jsonl")] == [pred, pred]
+        assert [p["pred"] for p in record_files.read_jsonl(out / "vt.jsonl")] == [pred, pred]
         record = json.loads((out / "vt.kvpress.json").read_text())
         assert record["settings"]["press"] == repr(press) and record["seconds"] == 4.0
         assert record.get("prefill_shared_with") == {"4": ["kvpress-knorm-0.25"], "6": ["kvpress-knorm-0.5"]}.get(pred)

@@ -111,7 +111,6 @@ every file is written whole (a temporary file renamed); a task stopped part way 
 import argparse
 import functools
 import glob
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -126,6 +125,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for benchmarks/continuation.py
 from benchmarks import continuation, float32_products, task_progress  # noqa: E402  (no hf_attn, no transformers)
+from benchmarks.records import jsonl, read_json, read_jsonl, sha256, write_whole  # noqa: E402
 
 # RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
 NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
@@ -225,34 +225,6 @@ def pred_folder(folder: Path, layout: str, length: int) -> Path:
 
 def layout_name(press: str, ratio: float | None) -> str:
     return "kvpress-no_press" if press == "no_press" else f"kvpress-{press}-{ratio:g}"
-
-
-def jsonl(records: list[dict]) -> str:
-    """RULER's files: one `json.dumps` per line."""
-    return "".join(json.dumps(record) + "\n" for record in records)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def write_whole(path: Path, text: str) -> None:
-    """`text` into `path` by renaming a finished temporary file: an interrupted write leaves the old file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
 
 
 def split_prompt(record: dict) -> tuple[str, str, str]:
