@@ -40,13 +40,17 @@ def load_script():
 run_presses = load_script()
 
 
-@pytest.fixture(scope="module")
-def records() -> dict[str, list[dict]]:
+def ruler_records() -> dict[str, list[dict]]:
     """hf_attn.ruler's records of every task family at 1024 tokens of GPT-2's, 2 each (multiquery: 4 questions)."""
     tokenizer = AutoTokenizer.from_pretrained(SHARED / "gpt2-tokenizer")
     tasks = [*TASKS, "niah_multiquery", "cwe", "fwe"]
     return {task: ruler.generate(task, tokenizer, 1024 - ruler.TASKS[task].max_new_tokens, 2, 42,
                                  SHARED / "wikitext-2-raw") for task in tasks}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, list[dict]]:
+    return ruler_records()
 
 
 def test_the_scripts_task_table_is_hf_attn_rulers():
