@@ -34,7 +34,7 @@ def task_problems(folder: Path, task: str, data_sha256: str) -> list[str]:
         return [f"{predictions}: missing"]
     record = next((r for name in RUN_RECORDS if (r := read_json(folder / f"{task}.{name}")) is not None), None)
     if record is None:
-        return [f"{predictions}: no run record ({task}.run.json or {task}.kvpress.json)"]
+        return [f"{predictions}: no run record ({' or '.join(f'{task}.{name}' for name in RUN_RECORDS)})"]
     if record.get("sha256") != sha256(predictions.read_text(encoding="utf-8")):
         return [f"{predictions}: not the file its run record vouches for (sha256)"]
     if record.get("settings", {}).get("data_sha256") != data_sha256:
