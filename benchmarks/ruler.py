@@ -90,11 +90,22 @@ import torch
 import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
-from benchmarks import continuation, float32_products, paired_bootstrap, task_progress
+from benchmarks import continuation, float32_products, paired_bootstrap, ruler_files, task_progress
 from benchmarks.common import command_line_parser, describe_machine, machine_load
 from benchmarks.hybrid_speed import TINY_LLAMA
 from benchmarks.long_context_configs import SCORE_NAMES, UNMODIFIED, Config, layout_for
 from benchmarks.records import jsonl, read_json, read_jsonl, sha256, write_whole
+from benchmarks.ruler_files import (
+    RUN_RECORDS,
+    average,
+    complete,
+    data_path,
+    missing_data,
+    pred_folder,
+    predictions_and_references,
+    task_results,
+    write_summary,
+)
 from benchmarks.serving import code_version, local_groups, score_path
 from hf_attn import hybridize, ruler
 from hf_attn.experiments.arguments import below_minimums
@@ -249,26 +260,8 @@ def run_problems(args) -> list[str]:
             problems.append(f"--layout-dir must hold scores/{path.name} (benchmarks.long_context writes it with "
                             f"--scores {score}), got {args.layout_dir}")  # fmt: skip
     if not args.quick:
-        for length, task in itertools.product(args.lengths, args.tasks):
-            path = data_path(Path(args.output_dir), length, task)
-            if not path.is_file():
-                problems.append(f"--output-dir must hold data/{length}/{task}/validation.jsonl: write it with `python "
-                                f"-m benchmarks.ruler generate --lengths {length} --tasks {task} --output-dir "
-                                f"{args.output_dir}`")  # fmt: skip
-            elif args.samples and len(path.read_text(encoding="utf-8").splitlines()) < args.samples:
-                problems.append(f"--samples must be at most the records of {path}, got {args.samples}")
+        problems += missing_data(Path(args.output_dir), args.lengths, args.tasks, args.samples)
     return problems
-
-
-# --- files ---------------------------------------------------------------------------------------------------------
-
-
-def data_path(folder: Path, length: int, task: str) -> Path:
-    return folder / "data" / str(length) / task / "validation.jsonl"
-
-
-def pred_folder(folder: Path, layout: str, length: int) -> Path:
-    return folder / "pred" / layout / str(length)
 
 
 # --- generate ------------------------------------------------------------------------------------------------------
@@ -416,19 +409,8 @@ def apply_layout(model, config: Config, args) -> dict:
 
 
 def prediction(record: dict, answer: dict, keep_input: bool) -> dict:
-    """RULER's prediction record (call_api.py) for a data record and its answer."""
-    others = {key: value for key, value in answer.items() if key != "pred"}
-    if "depths" in record:
-        others["depths"] = record["depths"]
-    return {"index": record["index"], "pred": answer["pred"], "input": record["input"] if keep_input else "",
-            "outputs": record["outputs"], "others": others, "truncation": -1, "length": record["length"]}  # fmt: skip
-
-
-def complete(folder: Path, task: str, settings: dict) -> bool:
-    """Whether FOLDER/TASK.jsonl is the one its run record says was written with `settings`."""
-    record, path = read_json(folder / f"{task}.run.json"), folder / f"{task}.jsonl"
-    return (record is not None and record.get("settings") == settings and path.is_file()
-            and sha256(path.read_text(encoding="utf-8")) == record.get("sha256"))  # fmt: skip
+    """RULER's prediction record for a data record and its answer (the answer's other fields under `others`)."""
+    return ruler_files.prediction(record, answer["pred"], {k: v for k, v in answer.items() if k != "pred"}, keep_input)
 
 
 def predict_task(answer, records: list[dict], folder: Path, task: str, settings: dict, args) -> None:
@@ -440,7 +422,7 @@ def predict_task(answer, records: list[dict], folder: Path, task: str, settings:
     predictions = [prediction(record, reply, args.keep_inputs) for record, reply in zip(records, answers, strict=True)]
     text = jsonl(predictions)
     write_whole(folder / f"{task}.jsonl", text)
-    write_whole(folder / f"{task}.run.json", json.dumps({
+    write_whole(folder / f"{task}.{RUN_RECORDS['layouts']}", json.dumps({
         "settings": settings, "sha256": sha256(text), "device": describe_machine(args.device)} | run,
         indent=1) + "\n")  # fmt: skip
     task_progress.clear(folder, task)
@@ -482,36 +464,16 @@ def run_suite(args) -> None:
                             "data_sha256": sha256(text), "samples": len(records),
                             "keep_inputs": args.keep_inputs}  # fmt: skip
                 settings |= float32_products.setting(args.float32_products)
-                if complete(out, task, settings):
+                if complete(out, task, settings, RUN_RECORDS["layouts"]):
                     print(f"{out / task}: complete, kept", flush=True)
                     continue
                 predict_task(answer, records, out, task, settings, args)
-            write_summary(out)
+            write_summary(out, ruler.TASKS)
             if args.ppl_blocks:
                 measure_continuation(model, blocks(length=length), out, layout, args)
 
 
 # --- scores --------------------------------------------------------------------------------------------------------
-
-
-def postprocess(pred: str) -> str:
-    """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
-    return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()
-
-
-def predictions_and_references(predictions: list[dict]) -> tuple[list[str], list[list[str]]]:
-    return [postprocess(p["pred"]) for p in predictions], [p["outputs"] for p in predictions]
-
-
-def task_results(folder: Path) -> dict[str, dict]:
-    """Per task with a prediction file in FOLDER (RULER's order): score, nulls and samples."""
-    results = {}
-    for task in ruler.TASKS:
-        if (path := folder / f"{task}.jsonl").is_file():
-            preds, references = predictions_and_references(read_jsonl(path))
-            results[task] = {"score": ruler.score(task, preds, references), "samples": len(preds),
-                             "nulls": sum(not pred for pred in preds)}  # fmt: skip
-    return results
 
 
 def record_scores(folder: Path) -> dict[str, dict[int, float]]:
@@ -524,24 +486,6 @@ def record_scores(folder: Path) -> dict[str, dict[int, float]]:
             scores[task] = {record["index"]: ruler.match_fraction(pred, outputs)
                             for record, pred, outputs in zip(records, preds, references, strict=True)}  # fmt: skip
     return scores
-
-
-def average(results: dict[str, dict]) -> float:
-    return round(sum(result["score"] for result in results.values()) / len(results), 2)
-
-
-def write_summary(folder: Path) -> None:
-    """FOLDER/summary.csv as RULER's evaluate.py writes it (pandas' `to_csv(index=False)` of the rows), the average
-    added as a last column."""
-    results = task_results(folder)
-    if not results:
-        return
-    nulls = sum(result["nulls"] for result in results.values())
-    rows = [["Tasks", *results, "average"], ["Score", *(result["score"] for result in results.values()),
-            average(results)], ["Nulls", *(f"{r['nulls']}/{r['samples']}" for r in results.values()),
-            f"{nulls}/{sum(result['samples'] for result in results.values())}"]]  # fmt: skip
-    lines = [",".join(map(str, range(len(rows[0])))), *(",".join(map(str, row)) for row in rows)]
-    write_whole(folder / "summary.csv", "\n".join(lines) + "\n")
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -637,7 +581,7 @@ def results(folder: Path, argv: list[str]) -> dict:
                       if path.is_dir() and path.name.isdigit()}, key=int)  # fmt: skip
     table, by_budget = {}, {}
     for length in lengths:
-        per_layout = {name: task_results(pred_folder(folder, name, int(length))) for name in names}
+        per_layout = {name: task_results(pred_folder(folder, name, int(length)), ruler.TASKS) for name in names}
         per_layout = {name: figures for name, figures in per_layout.items() if figures}
         reference = per_layout.get(UNMODIFIED.name)
         table[length] = {name: row(figures, reference, layouts[name], length) for name, figures in per_layout.items()}

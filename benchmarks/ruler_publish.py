@@ -20,8 +20,8 @@ from pathlib import Path
 from benchmarks.common import command_line_parser
 from benchmarks.records import read_json, sha256
 from benchmarks.ruler import write_report
+from benchmarks.ruler_files import RUN_RECORDS
 
-RUN_RECORDS = ("run.json", "kvpress.json")  # benchmarks.ruler's, run_presses'
 LEFT_BEHIND = ("*.progress.json", "*.partial")
 
 
@@ -32,9 +32,9 @@ def task_problems(folder: Path, task: str, data_sha256: str) -> list[str]:
         return [f"{predictions}: still in progress ({task}.progress.json)"]
     if not predictions.is_file():
         return [f"{predictions}: missing"]
-    record = next((r for name in RUN_RECORDS if (r := read_json(folder / f"{task}.{name}")) is not None), None)
+    record = next((r for name in RUN_RECORDS.values() if (r := read_json(folder / f"{task}.{name}")) is not None), None)
     if record is None:
-        return [f"{predictions}: no run record ({' or '.join(f'{task}.{name}' for name in RUN_RECORDS)})"]
+        return [f"{predictions}: no run record ({' or '.join(f'{task}.{name}' for name in RUN_RECORDS.values())})"]
     if record.get("sha256") != sha256(predictions.read_text(encoding="utf-8")):
         return [f"{predictions}: not the file its run record vouches for (sha256)"]
     if record.get("settings", {}).get("data_sha256") != data_sha256:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import transformers
 from torch.overrides import TorchFunctionMode
 
-from benchmarks import float32_products
+from benchmarks import float32_products, ruler_files
 from benchmarks import ruler as ruler_benchmark
 from benchmarks.float32_products import Float32Products
 
@@ -140,7 +140,7 @@ def test_ruler_run_records_the_products_in_its_settings_and_report(tmp_path):
     assert float32_products.dtype_name(settings) == "bfloat16 (float32 products)"
     assert "bfloat16 (float32 products)" in (tmp_path / "results.md").read_text()
     without = ruler_benchmark.parse_args(argv)
-    assert not ruler_benchmark.complete(folder, "niah_single_1", settings | {"products": None})
+    assert not ruler_files.complete(folder, "niah_single_1", settings | {"products": None}, "run.json")
     assert float32_products.setting(without.float32_products) == {}  # earlier runs' settings: as they were
 
 

@@ -2,7 +2,7 @@
 imported here, so its file-writing functions, free of torch, transformers and kvpress, are loaded from the script's
 path and fed answers as the pipeline would give them. `benchmarks.ruler`'s report must then table the presses beside
 our layouts: their scores, the KV share from their layout.json, the targets' verdict. Also: its context/question
-split of RULER's records (kvpress's), its summary.csv byte for byte ours, and its argument errors naming the flag."""
+split of RULER's records (kvpress's), its summary.csv in RULER's format, and its argument errors naming the flag."""
 
 import argparse
 import contextlib
@@ -10,7 +10,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 from transformers import AutoTokenizer, DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from benchmarks import continuation
+from benchmarks import continuation, ruler_files
 from benchmarks import records as record_files
 from benchmarks import ruler as ruler_benchmark
 from hf_attn import ruler
@@ -27,6 +26,7 @@ from tests.test_continuation import LENGTH, TINY, kept_context_nll, tiny_llama
 ROOT = Path(__file__).parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 TASKS = ["niah_single_1", "vt"]
+PRESS_RECORD = ruler_files.RUN_RECORDS["presses"]
 
 
 def load_script():
@@ -93,7 +93,7 @@ def write_layout(folder: Path, press: str, ratio: float, records: dict, right: d
         run = {"started": float(started), "seconds": 30.0, "device": "torch 2.13.0, x86_64, 1 threads",
                "machine": {"before": {"uptime": "up 1"}, "after": {"uptime": "up 2"}}}  # fmt: skip
         run_presses.write_task(out, task, records[task], answers(records[task], right[task]), settings, run)
-    run_presses.write_summary(out)
+    ruler_files.write_summary(out, run_presses.TASKS)
     record = run_presses.layout_record(folder / "pred" / layout, press, ratio, f"{press}({ratio})")
     record_files.write_whole(folder / "pred" / layout / "layout.json", json.dumps(record))
     return layout
@@ -114,18 +114,14 @@ def test_benchmarks_ruler_reports_the_presses_beside_our_layouts(tmp_path, recor
     reference = write_layout(tmp_path, "no_press", None, records, {"niah_single_1": True, "vt": True})
     assert (right, wrong, more, reference) == ("kvpress-snapkv-0.5", "kvpress-adakv_snapkv-0.5", "kvpress-knorm-0.25",
                                                "kvpress-no_press")  # fmt: skip
-    # RULER's prediction records in its key order, and summary.csv byte for byte benchmarks.ruler's.
+    # RULER's prediction records in its key order, as benchmarks.ruler writes them, and its summary.csv.
     predictions = record_files.read_jsonl(tmp_path / "pred" / wrong / "1024" / "niah_single_1.jsonl")
     assert [list(p) for p in predictions] == [["index", "pred", "input", "outputs", "others", "truncation",
                                                "length"]] * 2  # fmt: skip
-    assert all(p["others"]["depths"] == r["depths"] for p, r in zip(predictions, records["niah_single_1"], strict=True))
-    ours = tmp_path / "ours"
-    shutil.copytree(tmp_path / "pred" / wrong / "1024", ours)
-    (ours / "summary.csv").unlink()
-    ruler_benchmark.write_summary(ours)
-    summary = (tmp_path / "pred" / wrong / "1024" / "summary.csv").read_text()
-    assert summary == (ours / "summary.csv").read_text() == ("0,1,2,3\nTasks,niah_single_1,vt,average\n"
-                                                             "Score,100.0,0.0,50.0\nNulls,0/2,2/2,2/4\n")  # fmt: skip
+    assert all(p["others"] == {"prompt_tokens": 920, "new_tokens": 10, "depths": r["depths"]}
+               for p, r in zip(predictions, records["niah_single_1"], strict=True))  # fmt: skip
+    assert (tmp_path / "pred" / wrong / "1024" / "summary.csv").read_text() == (
+        "0,1,2,3\nTasks,niah_single_1,vt,average\nScore,100.0,0.0,50.0\nNulls,0/2,2/2,2/4\n")  # fmt: skip
 
     ruler_benchmark.main(["report", "--output-dir", str(tmp_path)])
     rows = json.loads((tmp_path / "results.json").read_text())["lengths"]["1024"]
@@ -150,10 +146,11 @@ def test_a_task_is_complete_only_for_its_settings_and_bytes(tmp_path, records):
     out, settings = tmp_path / "pred" / "kvpress-knorm-0.5" / "1024", {"model": "m", "samples": 2}
     run = {"started": 0.0, "seconds": 1.0, "device": "cpu", "machine": {}}
     run_presses.write_task(out, "vt", records["vt"], answers(records["vt"], True), settings, run)
-    assert run_presses.complete(out, "vt", settings) and not run_presses.complete(out, "vt", settings | {"samples": 1})
+    assert ruler_files.complete(out, "vt", settings, PRESS_RECORD)
+    assert not ruler_files.complete(out, "vt", settings | {"samples": 1}, PRESS_RECORD)
     path = out / "vt.jsonl"
     path.write_text(path.read_text().splitlines(keepends=True)[0])  # a write cut short
-    assert not run_presses.complete(out, "vt", settings)
+    assert not ruler_files.complete(out, "vt", settings, PRESS_RECORD)
 
 
 def test_a_press_stopped_part_way_resumes_with_the_records_it_had_not_answered(tmp_path, records, monkeypatch):

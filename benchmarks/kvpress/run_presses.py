@@ -2,9 +2,9 @@
 as that runner's pred/ files so that its report tables them beside our layouts.
 
 kvpress pins transformers<5.3 and hf_attn needs >= 5.2 (tested on 5.25), so this script runs in an environment of
-its own and imports neither hf_attn nor benchmarks.ruler (whose imports need transformers >= 5.3): the few file
-helpers it shares with that runner are written again below, and tests/test_kvpress_records.py checks that the report
-reads what they write.
+its own and imports neither hf_attn nor benchmarks.ruler (whose imports need transformers >= 5.3): the files it
+shares with that runner (paths, prediction records, the score, summary.csv) come from benchmarks/ruler_files.py, which
+needs only the standard library, and tests/test_kvpress_records.py checks that the report reads what it writes.
 
     bash benchmarks/kvpress/setup.sh                     # .venv-kvpress: torch (CPU build) first, kvpress 0.5.5, gguf
     python -m benchmarks.ruler generate --lengths 4096 8192 --output-dir OUT        # data/ (our environment)
@@ -123,9 +123,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for benchmarks/continuation.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for the benchmarks modules below
 from benchmarks import continuation, float32_products, task_progress  # noqa: E402  (no hf_attn, no transformers)
-from benchmarks.records import jsonl, read_json, read_jsonl, sha256, write_whole  # noqa: E402
+from benchmarks.records import jsonl, read_json, sha256, write_whole  # noqa: E402
+from benchmarks.ruler_files import (  # noqa: E402
+    RUN_RECORDS,
+    complete,
+    data_path,
+    missing_data,
+    pred_folder,
+    prediction,
+    predictions_and_references,
+    string_match_all,
+    write_summary,
+)
 
 # RULER's tasks in its order and their tokens_to_generate (hf_attn/ruler.py's TASKS, `max_new_tokens`).
 NEEDLES = ("single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3", "multivalue", "multiquery")
@@ -215,14 +226,6 @@ Ask = Callable[[dict, list], tuple[list[dict], list[float]]]
 # --- files (no torch, transformers or kvpress here: tests/test_kvpress_records.py imports these) -----------------
 
 
-def data_path(folder: Path, length: int, task: str) -> Path:
-    return folder / "data" / str(length) / task / "validation.jsonl"
-
-
-def pred_folder(folder: Path, layout: str, length: int) -> Path:
-    return folder / "pred" / layout / str(length)
-
-
 def layout_name(press: str, ratio: float | None) -> str:
     return "kvpress-no_press" if press == "no_press" else f"kvpress-{press}-{ratio:g}"
 
@@ -236,15 +239,6 @@ def split_prompt(record: dict) -> tuple[str, str, str]:
         raise ValueError(f"record {record['index']} of {record['task']}: no question /{question_at.pattern}/ followed "
                          f"by /{answer_at.pattern}/ in its input + answer_prefix (not RULER's template?)")  # fmt: skip
     return text[: questions[-1].start()], text[questions[-1].start() : answer.start()], text[answer.start() :]
-
-
-def prediction(record: dict, answer: dict, keep_input: bool) -> dict:
-    """RULER's prediction record (call_api.py), as benchmarks.ruler writes it."""
-    others = {"prompt_tokens": answer["prompt_tokens"], "new_tokens": answer["new_tokens"]}
-    if "depths" in record:
-        others["depths"] = record["depths"]
-    return {"index": record["index"], "pred": answer["pred"], "input": record["input"] if keep_input else "",
-            "outputs": record["outputs"], "others": others, "truncation": -1, "length": record["length"]}  # fmt: skip
 
 
 def calibration_texts(folder: Path, chunks: int = DUO_CHUNKS, min_words: int = DUO_MIN_WORDS) -> list[str]:
@@ -297,57 +291,22 @@ def duo_kv_share(ratio: float, heads: int, context_tokens: int | None = None) ->
     return 1 - duo_streaming_share(ratio, heads) * (1 - keep)
 
 
-def postprocess(pred: str) -> str:
-    """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
-    return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()
-
-
-def score(predictions: list[str], references: list[list[str]]) -> float:
-    """RULER's string_match_all (every synthetic task's metric), 0-100, 2 decimals, as hf_attn.ruler.score."""
-    pairs = zip(predictions, references, strict=True)
-    return round(100 * sum(sum(ref.lower() in pred.lower() for ref in refs) / len(refs) for pred, refs in pairs)
-                 / len(predictions), 2)  # fmt: skip
-
-
-def write_summary(folder: Path) -> None:
-    """FOLDER/summary.csv as RULER's evaluate.py writes it, the average as a last column (benchmarks.ruler's)."""
-    results = {}
-    for task in TASKS:
-        if (path := folder / f"{task}.jsonl").is_file():
-            predictions = read_jsonl(path)
-            preds = [postprocess(p["pred"]) for p in predictions]
-            results[task] = (score(preds, [p["outputs"] for p in predictions]), sum(not p for p in preds), len(preds))
-    if not results:
-        return
-    mean = round(sum(scores for scores, _, _ in results.values()) / len(results), 2)
-    rows = [["Tasks", *results, "average"], ["Score", *(s for s, _, _ in results.values()), mean],
-            ["Nulls", *(f"{n}/{c}" for _, n, c in results.values()),
-             f"{sum(n for _, n, _ in results.values())}/{sum(c for _, _, c in results.values())}"]]  # fmt: skip
-    lines = [",".join(map(str, range(len(rows[0])))), *(",".join(map(str, row)) for row in rows)]
-    write_whole(folder / "summary.csv", "\n".join(lines) + "\n")
-
-
-def complete(folder: Path, task: str, settings: dict) -> bool:
-    """Whether FOLDER/TASK.jsonl is the one its resume record says was written with `settings`."""
-    record, path = read_json(folder / f"{task}.kvpress.json"), folder / f"{task}.jsonl"
-    return (record is not None and record.get("settings") == settings and path.is_file()
-            and sha256(path.read_text(encoding="utf-8")) == record.get("sha256"))  # fmt: skip
-
-
 def write_task(folder: Path, task: str, records: list[dict], answers: list[dict], settings: dict, run: dict,
                keep_input: bool = False) -> list[dict]:  # fmt: skip
     """FOLDER/TASK.jsonl, then its resume record FOLDER/TASK.kvpress.json (`run`: started, seconds, device, machine;
     the kv counts added from `answers`, and, answered on shared prefills, their seconds in all and how many layouts
     each served)."""
-    predictions = [prediction(record, answer, keep_input) for record, answer in zip(records, answers, strict=True)]
+    counts = [{"prompt_tokens": answer["prompt_tokens"], "new_tokens": answer["new_tokens"]} for answer in answers]
+    predictions = [prediction(record, answer["pred"], others, keep_input)
+                   for record, answer, others in zip(records, answers, counts, strict=True)]  # fmt: skip
     text = jsonl(predictions)
     write_whole(folder / f"{task}.jsonl", text)
     kv = {"kept": sum(a["kept_tokens"] for a in answers), "tokens": sum(a["cache_tokens"] for a in answers)}
     if all("prefill_seconds" in a for a in answers):  # answered on shared prefills: what they cost, and how many
         run = run | {"shared_prefills": {"seconds": sum(a["prefill_seconds"] for a in answers),
                                          "layouts": [a["sharing"] for a in answers]}}  # fmt: skip
-    write_whole(folder / f"{task}.kvpress.json", json.dumps({"settings": settings, "sha256": sha256(text)} | run |
-                                                            {"kv": kv}, indent=1) + "\n")  # fmt: skip
+    record = {"settings": settings, "sha256": sha256(text)} | run | {"kv": kv}
+    write_whole(folder / f"{task}.{RUN_RECORDS['presses']}", json.dumps(record, indent=1) + "\n")
     return predictions
 
 
@@ -509,15 +468,8 @@ def argument_problems(args: argparse.Namespace, given_model: str | None) -> list
                         f"duo_attention, got {args.duo_calibration_dir}")  # fmt: skip
     if args.tokenizer and not Path(args.tokenizer).is_dir():
         problems.append(f"--tokenizer must be a tokenizer folder, got {args.tokenizer}")
-    for length in args.lengths:
-        for task in args.tasks:
-            path = data_path(Path(args.output_dir), length, task)
-            if not path.is_file():
-                problems.append(f"--output-dir must hold data/{length}/{task}/validation.jsonl: write it with `python "
-                                f"-m benchmarks.ruler generate --lengths {length} --tasks {task} --output-dir "
-                                f"{args.output_dir}` (--quick: `python -m benchmarks.ruler run --quick`)")  # fmt: skip
-            elif args.samples and len(path.read_text(encoding="utf-8").splitlines()) < args.samples:
-                problems.append(f"--samples must be at most the records of {path}, got {args.samples}")
+    problems += missing_data(Path(args.output_dir), args.lengths, args.tasks, args.samples,
+                             hint=" (--quick: `python -m benchmarks.ruler run --quick`)")  # fmt: skip
     return problems
 
 
@@ -892,7 +844,7 @@ def run_layouts(ask: Ask, members: list[Member], args: argparse.Namespace, kv_he
             for name, ratio, press in members:
                 out = pred_folder(folder, layout_name(name, ratio), length)
                 settings = task_settings(press, args, text, len(records))
-                if complete(out, task, settings):
+                if complete(out, task, settings, RUN_RECORDS["presses"]):
                     print(f"{out / task}: complete, kept", flush=True)
                 else:
                     calibrate(press, name, model, layout_name(name, ratio))
@@ -909,12 +861,11 @@ def run_layouts(ask: Ask, members: list[Member], args: argparse.Namespace, kv_he
                     run["prefill_shared_with"] = [other.parent.name for other, _, _ in pending if other != out]
                 predictions = write_task(out, task, records, answers, settings, run, args.keep_inputs)
                 task_progress.clear(out, task)
-                preds = [postprocess(p["pred"]) for p in predictions]
-                print(f"{out / task}: {score(preds, [p['outputs'] for p in predictions])} in {run['seconds']:.1f} s",
-                      flush=True)  # fmt: skip
+                score = string_match_all(*predictions_and_references(predictions))
+                print(f"{out / task}: {score} in {run['seconds']:.1f} s", flush=True)
         outs = [pred_folder(folder, layout_name(name, ratio), length) for name, ratio, _ in members]
         for out in outs:
-            write_summary(out)
+            write_summary(out, TASKS)
         if args.ppl_blocks:
             for name, ratio, press in members:
                 calibrate(press, name, model, layout_name(name, ratio))
