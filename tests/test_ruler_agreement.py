@@ -1,5 +1,5 @@
 """benchmarks/ruler_agreement.py: the same-string count and each side's score per task, on records matched by index,
-counted here by hand."""
+counted here by hand; the paired interval of the difference within the bounds the records allow."""
 
 import json
 from pathlib import Path
@@ -41,6 +41,24 @@ def test_same_predictions_and_scores_are_counted_per_task_on_shared_records(tmp_
     text = (tmp_path / "out" / "agreement.md").read_text()
     assert "| niah_single_1 | 3 | 1 | 2 | 33.33 | 66.67 |" in text and "| all | 5 | 2 (40%) | 3 (60%) | 54.16" in text
     assert "(bfloat16 on cpu, 1 threads; no run record). Candidate:" in text and capsys.readouterr().out == text
+    # the paired difference: niah 1/3 and vt 1/4 of a record's score on average, 29.17 points; its resamples lie
+    # between both rows' worst (0: the one record that differs in each task never drawn) and best (100 and 50 apart)
+    low, high = result["difference_interval"]
+    assert 0 <= low < 29.17 < high <= 75
+    assert f"minus the reference's: +29.18 points (95% paired bootstrap interval {low:+.2f} to {high:+.2f}" in text
+    assert result["continuation_perplexity"] == {"reference": None, "candidate": None}
+    assert "Continuation perplexity" not in text
+
+
+def test_the_same_predictions_differ_by_nothing_and_their_perplexities_are_reported(tmp_path, capsys):
+    for side, perplexity in (("a", 17.613), ("b", 17.629)):
+        write(tmp_path / side, "vt", {0: "X Y", 1: "X", 2: ""}, ["X", "Y"])
+        (tmp_path / side / "continuation.json").write_text(json.dumps({"perplexity": perplexity}))
+    ruler_agreement.main(["--reference", str(tmp_path / "a"), "--candidate", str(tmp_path / "b"), "--output-dir",
+                          str(tmp_path / "out")])  # fmt: skip
+    result = json.loads((tmp_path / "out" / "agreement.json").read_text())
+    assert result["difference_interval"] == [0.0, 0.0]
+    assert "Continuation perplexity: reference 17.61, candidate 17.63." in capsys.readouterr().out
 
 
 def test_a_missing_folder_or_no_shared_task_is_refused(tmp_path, capsys):
