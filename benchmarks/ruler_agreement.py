@@ -18,13 +18,13 @@ from benchmarks import continuation, float32_products
 from benchmarks.common import command_line_parser
 from benchmarks.paired_bootstrap import difference_interval
 from benchmarks.records import read_json, read_jsonl, write_whole
-from benchmarks.ruler_files import RUN_RECORDS, postprocess, predictions_and_references
+from benchmarks.ruler_files import postprocess, predictions_and_references, run_record
 from hf_attn import ruler
 
 
 def run_of(folder: Path, task: str) -> str:
     """What a task's run record (benchmarks.ruler's or run_presses.py's) says of how it ran: dtype, device."""
-    record = next(filter(None, (read_json(folder / f"{task}.{name}") for name in RUN_RECORDS.values())), {})
+    record = run_record(folder, task) or {}
     settings = record.get("settings")
     return f"{float32_products.dtype_name(settings)} on {record['device']}" if settings else "no run record"
 

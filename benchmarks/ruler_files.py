@@ -51,6 +51,11 @@ def complete(folder: Path, task: str, settings: dict, run_record: str) -> bool:
             and sha256(path.read_text(encoding="utf-8")) == record.get("sha256"))  # fmt: skip
 
 
+def run_record(folder: Path, task: str) -> dict | None:
+    """FOLDER/TASK's run record, whichever runner wrote it; None where there is none (or it is unreadable)."""
+    return next(filter(None, (read_json(folder / f"{task}.{name}") for name in RUN_RECORDS.values())), None)
+
+
 def postprocess(pred: str) -> str:
     """RULER's evaluate.py `postprocess_pred`: stripped, control characters made newlines, stripped."""
     return re.sub(r"[\x00-\x1f]", "\n", pred.strip()).strip()

@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.common import command_line_parser
 from benchmarks.records import read_json, sha256
 from benchmarks.ruler import write_report
-from benchmarks.ruler_files import RUN_RECORDS
+from benchmarks.ruler_files import RUN_RECORDS, run_record
 
 LEFT_BEHIND = ("*.progress.json", "*.partial")
 
@@ -32,7 +32,7 @@ def task_problems(folder: Path, task: str, data_sha256: str) -> list[str]:
         return [f"{predictions}: still in progress ({task}.progress.json)"]
     if not predictions.is_file():
         return [f"{predictions}: missing"]
-    record = next((r for name in RUN_RECORDS.values() if (r := read_json(folder / f"{task}.{name}")) is not None), None)
+    record = run_record(folder, task)
     if record is None:
         return [f"{predictions}: no run record ({' or '.join(f'{task}.{name}' for name in RUN_RECORDS.values())})"]
     if record.get("sha256") != sha256(predictions.read_text(encoding="utf-8")):
