@@ -456,6 +456,49 @@ def test_serving_benchmark_resumes_from_the_models_an_interrupted_run_measured(t
     assert not (folder / "runs").exists()
 
 
+def test_serving_orders_counts_what_benchmarks_serving_counts_with_attention_computed(tmp_path):
+    """The cache-shaped model with attention skipped schedules the tiny workload as benchmarks.serving's own run of
+    the real model does: for two orders, each model's most requests decoding and holding cache, forwards and
+    preemptions are the same; the report gives each order's ratio, rewritten byte for byte by --report."""
+    from benchmarks import serving, serving_orders
+
+    arguments = tiny_serving_arguments(tmp_path)
+    workload = arguments[: arguments.index("--output-dir")]  # serving_orders' own --output-dir
+    folder = tmp_path / "orders"
+    serving_orders.main([*workload, "--seeds", "0", "2", "--output-dir", str(folder)])
+    result = json.loads((folder / "results.json").read_text())
+    orders = result["orders"]
+    assert [(order["seed"], order["held"], order["num_blocks"]) for order in orders] == [(0, 4, 33), (2, 4, 33)]
+    for order in result["orders"]:
+        serving.main([*arguments, "--seed", str(order["seed"])])
+        runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+        assert runs["unmodified"]["forwards"] > 1
+        for name in serving_orders.MODELS:
+            assert order[name] == {key: runs[name][key] for key in serving_orders.COUNTS}, (order["seed"], name)
+    written = (folder / "results.md").read_bytes()
+    ratios = [order["hybridized"]["max_decoding"] / order["unmodified"]["max_decoding"] for order in result["orders"]]
+    assert f"| 4 | 33 | 2 | {result['orders'][1]['unmodified']['max_decoding']} | ".encode() in written
+    assert f"over 2 orders (median {(ratios[0] + ratios[1]) / 2:.2f}x)".encode() in written
+    assert not (folder / "runs").exists()
+    (folder / "results.md").unlink()
+    serving_orders.main(["--report", "--output-dir", str(folder)])
+    assert (folder / "results.md").read_bytes() == written
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--seeds", "-1"], "--seeds must be 0 or more, got -1"),
+    (["--held", "0"], "--held must be 1 or more, got 0"),
+    (["--num-blocks", "64"], "--num-blocks and --seed are set here for each budget and order: use --held and --seeds"),
+    (["--fraction", "2"], "--fraction must be in (0, 1], got 2.0"),  # benchmarks.serving's own check
+])  # fmt: skip
+def test_serving_orders_refuses_bad_arguments_naming_the_flag(argv, message, capsys):
+    from benchmarks import serving_orders
+
+    with pytest.raises(SystemExit):
+        serving_orders.main(argv)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.xdist_group("serving")  # with tests/test_serving_http.py: each server takes both cores while it starts
 def test_serving_http_benchmark_answers_every_client_and_rewrites_its_report(tmp_path):
     """--quick end to end: a tiny random Llama saved unmodified and hybridized, served in turn by `transformers serve`
