@@ -104,7 +104,8 @@ def attention_skipped():
 
 
 def measure(args, seed: int, held: int, config, tokenizer) -> dict:
-    """Both models' counts for one order and one budget."""
+    """Both models' counts for one order and one budget, with the time they took and the machine's load around."""
+    start, before = time.perf_counter(), machine_load()
     arguments = served(args, seed, held)
     requests = serving.prompts(tokenizer, arguments)
     model = cache_shaped(config)
@@ -117,16 +118,16 @@ def measure(args, seed: int, held: int, config, tokenizer) -> dict:
                           sink_tokens=arguments.sink_tokens)  # fmt: skip
             counts[name] = {key: serving.serve(model, requests, arguments)[key] for key in COUNTS}
     return {"seed": seed, "held": held, "num_blocks": arguments.num_blocks,
-            "prompt_tokens": [len(request) for request in requests], **counts}  # fmt: skip
+            "prompt_tokens": [len(request) for request in requests], **counts,
+            "seconds": time.perf_counter() - start, "machine": {"before": before, "after": machine_load()}}  # fmt: skip
 
 
 def run(args, argv: list[str]) -> dict:
-    start, load_at_start = time.perf_counter(), machine_load()
-    print(f"load at start: {load_at_start['uptime']}", flush=True)
+    print(f"load at start: {machine_load()['uptime']}", flush=True)
     sizes = serving.parse_args(args.serving)
     config, tokenizer = load_causal_lm(sizes.model).config, load_tokenizer(sizes.tokenizer or sizes.model)
     folder, settings = Path(args.output_dir) / "runs", {"serving": args.serving}
-    orders = []
+    orders, resumed = [], []
     for held in args.held:
         for seed in args.seeds:
             path = folder / f"held{held}-seed{seed}.json"
@@ -135,6 +136,8 @@ def run(args, argv: list[str]) -> dict:
                 stored = {"settings": settings, "order": measure(args, seed, held, config, tokenizer)}
                 folder.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(stored) + "\n")
+            else:
+                resumed.append(f"held {held}, seed {seed}")
             orders.append(stored["order"])
             print(f"held {held}, seed {seed}: " + ", ".join(f"{name} {stored['order'][name]}" for name in MODELS),
                   flush=True)  # fmt: skip
@@ -146,11 +149,10 @@ def run(args, argv: list[str]) -> dict:
         "workload": {"requests": sizes.requests, "min_prompt": sizes.min_prompt, "max_prompt": sizes.max_prompt,
                      "new_tokens": sizes.new_tokens, "page_size": sizes.page_size,
                      "max_batch_tokens": sizes.max_batch_tokens},
-        "orders": orders,
+        "orders": orders, "resumed": resumed,
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "python": sys.version.split()[0]},
-        "code": serving.code_version(), "machine": {"before": load_at_start, "after": machine_load()},
-        "wall_seconds": time.perf_counter() - start,
+        "code": serving.code_version(),
     }  # fmt: skip
 
 
@@ -186,11 +188,14 @@ def report(result: dict) -> str:
         lines.append(f"- held {held}: hybridized / unmodified {min(ratios):.2f}x to {max(ratios):.2f}x over "
                      f"{len(ratios)} orders (median {statistics.median(ratios):.2f}x); {TARGET}x or more in "
                      f"{sum(value >= TARGET for value in ratios)} of {len(ratios)}.")  # fmt: skip
-    before, after = result["machine"]["before"], result["machine"]["after"]
+    orders = result["orders"]
     lines += [
-        "", f"`{result['command']}`: {result['wall_seconds'] / 60:.1f} min, torch {result['versions']['torch']}, "
-        f"transformers {result['versions']['transformers']}{serving.code_note(result['code'])}. `uptime` before: "
-        f"`{before['uptime']}`; after: `{after['uptime']}`.",
+        "", f"`{result['command']}`: {sum(order['seconds'] for order in orders) / 60:.1f} min for the {len(orders)} "
+        f"orders, torch {result['versions']['torch']}, transformers {result['versions']['transformers']}"
+        f"{serving.code_note(result['code'])}. `uptime` before the first: `{orders[0]['machine']['before']['uptime']}`;"
+        f" after the last: `{orders[-1]['machine']['after']['uptime']}`."
+        + (f" Measured by an earlier invocation with the same arguments: {'; '.join(result['resumed'])}."
+           if result["resumed"] else ""),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -485,6 +485,34 @@ def test_serving_orders_counts_what_benchmarks_serving_counts_with_attention_com
     assert (folder / "results.md").read_bytes() == written
 
 
+def test_serving_orders_resumes_from_the_orders_an_interrupted_run_measured(tmp_path, monkeypatch):
+    """A run stopped after its first order keeps that order's record; the same command again measures only the
+    other, and the report says which came from the earlier invocation."""
+    from benchmarks import serving_orders
+
+    measured, stop = [], [False, True, False]  # popped from the end: the first run stops at its second order
+
+    def fake_measure(args, seed, held, config, tokenizer) -> dict:
+        if stop.pop():
+            raise KeyboardInterrupt
+        measured.append(seed)
+        counts = {"max_decoding": 2 + seed, "max_active": 3, "forwards": 10, "preempted": 0}
+        machine = {"before": {"uptime": "u"}, "after": {"uptime": "v"}}
+        return {"seed": seed, "held": held, "num_blocks": 33, "prompt_tokens": [], "unmodified": counts,
+                "hybridized": counts, "seconds": 60.0, "machine": machine}  # fmt: skip
+
+    monkeypatch.setattr(serving_orders, "measure", fake_measure)
+    arguments = tiny_serving_arguments(tmp_path)
+    argv = [*arguments[: arguments.index("--output-dir")], "--seeds", "0", "1", "--output-dir", str(tmp_path / "o")]
+    with pytest.raises(KeyboardInterrupt):
+        serving_orders.main(argv)
+    serving_orders.main(argv)
+    assert measured == [0, 1]
+    report = (tmp_path / "o" / "results.md").read_text()
+    assert "2.0 min for the 2 orders" in report
+    assert "earlier invocation with the same arguments: held 4, seed 0." in report
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--seeds", "-1"], "--seeds must be 0 or more, got -1"),
     (["--held", "0"], "--held must be 1 or more, got 0"),

@@ -1,7 +1,8 @@
 """docs/hybrid.md's, docs/performance.md's and docs/serving.md's generated tables from the committed benchmark results:
 the offline models the hybrid trade-off converts, the trade-off per model and window, the long-context benchmark per
 model (with its CPU check), what converting a pretrained model's heads to positional costs, memory and speed at every
-length and batch, under each memory allocator, and continuous batching in process and over HTTP."""
+length and batch, under each memory allocator, and continuous batching in process (with its scheduling over other
+orders and budgets) and over HTTP."""
 
 import json
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from benchmarks import (
     ruler,
     serving,
     serving_http,
+    serving_orders,
 )
 from training.committed_results import (
     DOCS,
@@ -29,8 +31,8 @@ from training.committed_results import (
 )
 
 # Each one-run benchmark's module, by the name of its generated block.
-ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "hybrid-speed": hybrid_speed,
-                   "allocators": allocators, "ruler": ruler,
+ONE_RUN_MODULES = {"serving": serving, "serving-http": serving_http, "serving-orders": serving_orders,
+                   "hybrid-speed": hybrid_speed, "allocators": allocators, "ruler": ruler,
                    "revision-speed": revision_speed}  # fmt: skip
 
 

@@ -41,8 +41,8 @@ POSITIONAL_CONVERSION = "positional_conversion"  # benchmarks/positional_convers
 LONG_CONTEXT = "long_context"  # benchmarks/long_context.py's results, a folder per model
 LONG_CONTEXT_CPU_CHECK = "long_context_cpu_check"  # its first configurations, measured on the CPU before the GPU run
 # Benchmarks whose one run (docs/results/FOLDER/results.json) is a generated block of its own: FOLDER by block name.
-ONE_RUN_BENCHMARKS = {"serving": "serving", "serving-http": "serving_http", "hybrid-speed": "hybrid_speed",
-                      "allocators": "allocators", "ruler": "ruler",
+ONE_RUN_BENCHMARKS = {"serving": "serving", "serving-http": "serving_http", "serving-orders": "serving_orders",
+                      "hybrid-speed": "hybrid_speed", "allocators": "allocators", "ruler": "ruler",
                       "revision-speed": "revision_speed"}  # fmt: skip
 PUBLISHED = PAPER_A + PAPER_B + HYBRID  # the folders of docs/results whose reports `training.reports` rewrites
 IDLE_RUN_TIMES = "paper_b_idle_run_times"  # two or more runs of each of these, with nothing else running
