@@ -12,9 +12,9 @@ cache; benchmarks.serving's default holds 4) to show how far the count moves.
 
 Continuous batching's scheduler reads the requests' lengths and the pages free, never what attention computed, as long
 as no request can end early (benchmarks.serving gives them no end-of-sequence token). So the counts are measured on a
-model with the served model's cache shape (its family, layers, key/value heads and head size) with one query head per
-key/value head and its other widths 16, attention returning zeros: the same forwards, with the same requests in each,
-at a fraction of the cost. Checked against benchmarks.serving's own run (docs/results/serving: seed 0, --max-prompt
+model of the served model's family with its layers and key/value heads, one query head per key/value head, heads 8
+wide and hidden states 16, attention returning zeros: the same pages and forwards, with the same requests in each, at
+a fraction of the cost. Checked against benchmarks.serving's own run (docs/results/serving: seed 0, --max-prompt
 8192, 520 blocks): the same most requests decoding (7 and 12) and holding cache at once (8 and 13), the same forwards
 (1,584 and 913). Time is not measured: a time-weighted mean or a rate from this model would mean nothing.
 
@@ -78,12 +78,11 @@ def served(args, seed: int, held: int):
 
 
 def cache_shaped(config) -> transformers.PreTrainedModel:
-    """A random model of `config`'s family with its cache shape (layers, key/value heads, head size), one query head
-    per key/value head and hidden states 16 wide: the same pages, little arithmetic. (The layouts here make whole
-    groups one kind, so one query head stands for a group's.)"""
+    """A random model of `config`'s family with its layers and key/value heads, one query head per key/value head,
+    heads 8 wide and hidden states 16: the same pages (both caches count them in blocks, whatever a block's bytes),
+    little arithmetic. (The layouts here make whole groups one kind, so one query head stands for a group's.)"""
     shaped = copy.deepcopy(config)
-    shaped.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    shaped.num_attention_heads = num_key_value_heads(config)
+    shaped.num_attention_heads, shaped.head_dim = num_key_value_heads(config), 8
     shaped.hidden_size = shaped.intermediate_size = 16
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(shaped, dtype=torch.float32).eval()
