@@ -117,7 +117,8 @@ def measure(args, seed: int, held: int, config, tokenizer) -> dict:
             if name == "hybridized":
                 hybridize(model, head_layout=layout, local_window=arguments.local_window,
                           sink_tokens=arguments.sink_tokens)  # fmt: skip
-            counts[name] = {key: serving.serve(model, requests, arguments)[key] for key in COUNTS}
+            record = serving.serve(model, requests, arguments)
+            counts[name] = {key: record[key] for key in COUNTS}
     return {"seed": seed, "held": held, "num_blocks": arguments.num_blocks,
             "prompt_tokens": [len(request) for request in requests], **counts,
             "seconds": time.perf_counter() - start, "machine": {"before": before, "after": machine_load()}}  # fmt: skip

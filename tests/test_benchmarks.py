@@ -456,16 +456,20 @@ def test_serving_benchmark_resumes_from_the_models_an_interrupted_run_measured(t
     assert not (folder / "runs").exists()
 
 
-def test_serving_orders_counts_what_benchmarks_serving_counts_with_attention_computed(tmp_path):
+def test_serving_orders_counts_what_benchmarks_serving_counts_with_attention_computed(tmp_path, monkeypatch):
     """The cache-shaped model with attention skipped schedules the tiny workload as benchmarks.serving's own run of
     the real model does: for two orders, each model's most requests decoding and holding cache, forwards and
-    preemptions are the same; the report gives each order's ratio, rewritten byte for byte by --report."""
+    preemptions are the same; each model is served once an order; the report gives each order's ratio, rewritten
+    byte for byte by --report."""
     from benchmarks import serving, serving_orders
 
     arguments = tiny_serving_arguments(tmp_path)
     workload = arguments[: arguments.index("--output-dir")]  # serving_orders' own --output-dir
-    folder = tmp_path / "orders"
-    serving_orders.main([*workload, "--seeds", "0", "2", "--output-dir", str(folder)])
+    folder, serve, calls = tmp_path / "orders", serving.serve, []
+    with monkeypatch.context() as patch:
+        patch.setattr(serving, "serve", lambda *args: calls.append(1) or serve(*args))
+        serving_orders.main([*workload, "--seeds", "0", "2", "--output-dir", str(folder)])
+    assert len(calls) == 4  # two models, two orders
     result = json.loads((folder / "results.json").read_text())
     orders = result["orders"]
     assert [(order["seed"], order["held"], order["num_blocks"]) for order in orders] == [(0, 4, 33), (2, 4, 33)]
