@@ -127,6 +127,8 @@ def measure(args, seed: int, held: int, config, tokenizer) -> dict:
 def run(args, argv: list[str]) -> dict:
     print(f"load at start: {machine_load()['uptime']}", flush=True)
     sizes = serving.parse_args(args.serving)
+    if sizes.threads:
+        torch.set_num_threads(sizes.threads)
     config, tokenizer = load_causal_lm(sizes.model).config, load_tokenizer(sizes.tokenizer or sizes.model)
     folder, settings = Path(args.output_dir) / "runs", {"serving": args.serving}
     orders, resumed = [], []

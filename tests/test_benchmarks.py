@@ -507,10 +507,16 @@ def test_serving_orders_resumes_from_the_orders_an_interrupted_run_measured(tmp_
 
     monkeypatch.setattr(serving_orders, "measure", fake_measure)
     arguments = tiny_serving_arguments(tmp_path)
-    argv = [*arguments[: arguments.index("--output-dir")], "--seeds", "0", "1", "--output-dir", str(tmp_path / "o")]
-    with pytest.raises(KeyboardInterrupt):
+    argv = [*arguments[: arguments.index("--output-dir")], "--seeds", "0", "1", "--output-dir", str(tmp_path / "o"),
+            "--threads", "1"]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            serving_orders.main(argv)
         serving_orders.main(argv)
-    serving_orders.main(argv)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     assert measured == [0, 1]
     report = (tmp_path / "o" / "results.md").read_text()
     assert "2.0 min for the 2 orders" in report
